@@ -1,0 +1,109 @@
+"""The hook protocol: `Hook`, and the values passed around one run."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxmon._session import MonitoredSession
+
+Fetches = Mapping[str, "str | Callable[..., Any]"] | Sequence[str] | str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunArgs:
+    """What a hook's `before_run` asks of one run (TF's `SessionRunArgs`).
+
+    Attributes:
+      fetches: values to compute inside the same compiled step and deliver to the
+        hook's `after_run` as host NumPy. Output names (`"loss"` or `["loss", "acc"]`)
+        or a mapping from result name to an output name or a callable
+        `fn(state, batch, outputs) -> pytree` (state is the post-step state). Pass
+        the same callable object each run: each distinct fetch set compiles once.
+      feeds: entries merged into the batch for this run (the batch must be a dict).
+    """
+
+    fetches: Fetches = None
+    feeds: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class RunContext:
+    """One run as the hooks see it; the same object goes to every hook's calls.
+
+    Attributes:
+      step: the step number before this run.
+      session: the `MonitoredSession` running it.
+      original_args: the caller's fetches, and the caller's batch as `feeds`.
+    """
+
+    step: int
+    session: MonitoredSession
+    original_args: RunArgs
+    _stop_requested: bool = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Ask the session to stop after this run (every `after_run` still runs)."""
+        self._stop_requested = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunValues:
+    """What one run produced for a hook.
+
+    Attributes:
+      results: this hook's fetches as host NumPy, keyed by result name; None when
+        the hook asked for none.
+      step: the step number after this run.
+    """
+
+    results: dict[str, Any] | None
+    step: int
+
+
+class Hook:
+    """Base class of hooks: override the events you need; each default does nothing.
+
+    Order of events: `begin` (every hook, at session construction) → state created or
+    restored → `after_create_session` (again after every recovery) → per run:
+    `before_run` → one compiled step → `after_run` → `end` on a clean exit.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> class PrintLoss(jm.Hook):
+      ...     def before_run(self, ctx):
+      ...         return jm.RunArgs(fetches=["loss"])
+      ...     def after_run(self, ctx, values):
+      ...         print(values.step, values.results["loss"])
+    """
+
+    def begin(self) -> None:
+        """Called once, when the session is built, before any state exists."""
+
+    def after_create_session(self, session: MonitoredSession) -> None:
+        """Called when the state is ready: after creation and after each recovery."""
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        """Called before each run; return `RunArgs` to fetch or feed values."""
+        return None
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        """Called after each successful run with this hook's fetched values."""
+
+    def end(self, session: MonitoredSession) -> None:
+        """Called once on a clean exit (normal end, end of data, explicit close)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+SessionRunHook = Hook
+SessionRunArgs = RunArgs
+SessionRunContext = RunContext
+SessionRunValues = RunValues

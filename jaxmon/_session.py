@@ -1,0 +1,308 @@
+"""MonitoredSession: the hooked, recoverable training loop around one compiled step."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+
+from jaxmon import _errors, _fetches
+from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._step import CompiledStep
+
+logger = logging.getLogger("jaxmon")
+
+
+class MonitoredSession:
+    """Runs a step function with hooks: TF 1.x's `MonitoredSession`, made for JAX.
+
+    The state (any pytree) flows through `step_fn(state, batch) -> (new_state,
+    outputs)`, which the session jits (state donated by default). Each `run()` calls
+    every hook's `before_run`, dispatches ONE compiled step that also computes every
+    value the hooks and the caller fetched, then calls every `after_run`. A run in
+    which nobody fetches anything never waits for the device.
+
+    Args:
+      step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable;
+        `outputs` is a dict of arrays (loss, metrics). Do not jit it yourself.
+      init_fn: `init_fn() -> state`, called at creation and to re-create the state
+        after a recoverable error. Give exactly one of `init_fn` and `state`.
+      state: the initial state itself (it is donated to the first step).
+      data: an iterable of batches; `run()` without a batch takes the next one, and
+        its end ends the session cleanly.
+      hooks: `Hook` instances, called in list order.
+      donate_state: donate the state's buffers to the step (saves memory; the arrays
+        of a previous state are then deleted).
+      initial_step: the step number the initial state has completed, for a state
+        restored by hand (0 for a fresh one).
+      max_recoveries: how many times one `run()` re-creates the state and retries
+        after `AbortedError`/`UnavailableError` before the error propagates.
+      stop_grace_period_secs: the longest `close()` may wait for pending work.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxmon as jm
+      >>> def step_fn(state, batch):
+      ...     state = state + batch
+      ...     return state, {"total": state}
+      >>> with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=[1.0, 2.0, 3.0],
+      ...                          hooks=[jm.StopAtStepHook(last_step=2)]) as sess:
+      ...     while not sess.should_stop():
+      ...         values = sess.run(fetches=["total"])
+      >>> sess.step, float(values["total"])
+      (2, 3.0)
+    """
+
+    def __init__(
+        self,
+        step_fn: Callable[[Any, Any], tuple[Any, Mapping[str, Any]]],
+        init_fn: Callable[[], Any] | None = None,
+        *,
+        state: Any = None,
+        data: Iterable[Any] | None = None,
+        hooks: Iterable[Hook] = (),
+        donate_state: bool = True,
+        initial_step: int = 0,
+        max_recoveries: int = 10,
+        stop_grace_period_secs: float = 120,
+    ):
+        if (init_fn is None) == (state is None):
+            raise ValueError(
+                "MonitoredSession needs exactly one of init_fn= (a function returning the "
+                f"initial state) or state= (the state itself); got init_fn={init_fn!r} and "
+                f"state={'None' if state is None else type(state).__name__}."
+            )
+        if init_fn is not None and not callable(init_fn):
+            raise TypeError(f"init_fn must be a function init_fn() -> state; got {init_fn!r}.")
+        _check_count("initial_step", initial_step)
+        _check_count("max_recoveries", max_recoveries)
+        if stop_grace_period_secs < 0:
+            raise ValueError(f"stop_grace_period_secs must be >= 0; got {stop_grace_period_secs!r}.")
+        self._compiled = CompiledStep(step_fn, donate_state=donate_state)
+        self._hooks = _check_hooks(hooks)
+        self._init_fn = init_fn if init_fn is not None else _once(state)
+        self._data = None if data is None else iter(data)
+        self._initial_step = initial_step
+        self._max_recoveries = max_recoveries
+        self.stop_grace_period_secs = stop_grace_period_secs
+        self._stop_requested = False
+        self._closed = False
+        self._state: Any = None
+        self._step = initial_step
+        for hook in self._hooks:
+            hook.begin()
+        self._create_state()
+
+    # -- the loop -------------------------------------------------------------------
+
+    def run(self, batch: Any = None, *, fetches: Any = None) -> Any:
+        """Runs one step with every hook; returns its outputs or the caller's fetches.
+
+        Args:
+          batch: the step's batch; None takes the next item of `data`.
+          fetches: values to return as host NumPy (see `RunArgs.fetches`).
+
+        Returns:
+          The step's `outputs` as device arrays (no host sync) when `fetches` is None,
+          else a dict of host values for the fetches.
+
+        Raises:
+          RuntimeError: the session was asked to stop, or is closed.
+          StopIteration: `data` (or a hook) ended; inside `with`, the block ends cleanly.
+        """
+        if self.should_stop():
+            raise RuntimeError(
+                "Run called even after should_stop requested. Check sess.should_stop() "
+                "before each run (`while not sess.should_stop(): sess.run()`)."
+            )
+        wanted = _fetches.normalize(fetches, "run(fetches=...)")
+        try:
+            if batch is None and self._data is not None:
+                batch = next(self._data)
+            for attempt in itertools.count(1):
+                try:
+                    return self._run_hooked(batch, fetches, wanted)
+                except Exception as error:
+                    if not _errors.is_recoverable(error) or attempt > self._max_recoveries:
+                        raise
+                    logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
+                                   error, attempt, self._max_recoveries)
+                    self._create_state(recovering=error)
+        except StopIteration:
+            self._stop_requested = True  # end of data: a clean stop
+            raise
+
+    def _run_hooked(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
+        ctx = RunContext(self._step, self, RunArgs(fetches, batch if isinstance(batch, Mapping) else None))
+        requests = [("run(fetches=...)", wanted)]
+        feeds = []
+        for hook in self._hooks:
+            args = _check_run_args(hook.before_run(ctx), hook)
+            requests.append((repr(hook), _fetches.normalize(args.fetches, repr(hook))))
+            feeds.append((hook, args.feeds or {}))
+        batch = _merge_feeds(batch, feeds)
+        plan = _fetches.FetchPlan(requests)
+        self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
+        self._step += 1
+        caller, *results = plan.route(jax.device_get(fetched) if plan.key else ())
+        for hook, hook_results in zip(self._hooks, results, strict=True):
+            hook.after_run(ctx, RunValues(hook_results, self._step))
+        self._stop_requested |= ctx.stop_requested
+        return outputs if caller is None else caller
+
+    def _create_state(self, recovering: BaseException | None = None) -> None:
+        """Builds the state, then tells every hook; retries recoverable errors."""
+        for attempt in itertools.count(1):
+            try:
+                self._state = self._init_fn()
+                self._step = self._initial_step
+                for hook in self._hooks:
+                    hook.after_create_session(self)
+                return
+            except Exception as error:
+                if recovering is not None and isinstance(error, _StateGone):
+                    recovering.add_note(str(error))
+                    raise recovering from None
+                if not _errors.is_recoverable(error) or attempt > self._max_recoveries:
+                    raise
+                logger.warning("Retrying session creation after %r (attempt %d of %d).",
+                               error, attempt, self._max_recoveries)
+
+    # -- stopping and closing --------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        """True once a stop was requested, data ended, or the session closed."""
+        return self._stop_requested or self._closed
+
+    def request_stop(self) -> None:
+        """Asks the loop to stop; `should_stop()` is True from now on."""
+        self._stop_requested = True
+
+    def close(self) -> None:
+        """Ends the session: every hook's `end`, in order. A second call does nothing."""
+        self._close(clean=True)
+
+    def _close(self, clean: bool) -> None:
+        if self._closed:
+            return
+        try:
+            if clean:
+                for hook in self._hooks:
+                    hook.end(self)
+        finally:
+            self._closed = True
+
+    def __enter__(self) -> MonitoredSession:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        end_of_data = exc_type is not None and issubclass(exc_type, StopIteration)
+        if self._closed and exc_type is None:
+            raise RuntimeError(
+                "Session is already closed: close() was called inside the `with` block. "
+                "Let the `with` block close the session, or call close() without `with`."
+            )
+        self._close(clean=exc_type is None or end_of_data)
+        return end_of_data
+
+    # -- read-only views ---------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The number of steps completed (a host int; never reads the device)."""
+        return self._step
+
+    @property
+    def state(self) -> Any:
+        """The current state (device arrays); still readable after close."""
+        return self._state
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        return self._hooks
+
+    @property
+    def compile_count(self) -> int:
+        """How many times the step was traced and compiled: once per distinct fetch set
+        (and again only when the shapes of the state or batch change)."""
+        return self._compiled.trace_count
+
+
+class _StateGone(RuntimeError):
+    """The state given with `state=` was donated and cannot be re-created."""
+
+
+def _once(state: Any) -> Callable[[], Any]:
+    used = False
+
+    def init_fn() -> Any:
+        nonlocal used
+        if used:
+            raise _StateGone(
+                "The session cannot re-create a state given with state=: pass init_fn= "
+                "(a function returning the initial state) to recover from this error."
+            )
+        used = True
+        return state
+
+    return init_fn
+
+
+def _check_count(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0; got {value!r}.")
+
+
+def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+    if isinstance(hooks, Hook):
+        raise TypeError(f"hooks must be a list of Hook; got a single {hooks!r}. Pass hooks=[hook].")
+    hooks = tuple(hooks)
+    for i, hook in enumerate(hooks):
+        if not isinstance(hook, Hook):
+            raise TypeError(
+                f"hooks[{i}] is {hook!r} of type {type(hook).__name__}, not a jaxmon Hook. "
+                "Subclass jm.Hook and override the events you need."
+            )
+    return hooks
+
+
+def _check_run_args(args: Any, hook: Hook) -> RunArgs:
+    if args is None:
+        return RunArgs()
+    if not isinstance(args, RunArgs):
+        raise TypeError(f"{hook!r}.before_run returned {args!r}; return jm.RunArgs(...) or None.")
+    if args.feeds is not None and not isinstance(args.feeds, Mapping):
+        raise TypeError(f"{hook!r}.before_run feeds {args.feeds!r}; feeds must be a dict {{key: value}}.")
+    return args
+
+
+def _merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:
+    """Merges the hooks' feeds into a new batch dict; a key fed twice is an error."""
+    merged: dict[str, Any] = {}
+    owners: dict[str, Hook] = {}
+    for hook, hook_feeds in feeds:
+        for key, value in hook_feeds.items():
+            if key in merged:
+                raise RuntimeError(
+                    f"Same batch key is fed by two hooks: {key!r} by {owners[key]!r} and "
+                    f"{hook!r}. Let one hook feed it."
+                )
+            merged[key], owners[key] = value, hook
+    if not merged:
+        return batch
+    if batch is None:
+        return merged
+    if not isinstance(batch, Mapping):
+        raise TypeError(
+            f"Hooks feed {sorted(merged)}, but the batch is a {type(batch).__name__}, not a "
+            "dict; feeds need dict batches."
+        )
+    clash = sorted(set(merged) & set(batch))
+    if clash:
+        raise RuntimeError(
+            f"Same batch key is fed by a hook and the caller: {clash} (fed by "
+            f"{', '.join(repr(owners[k]) for k in clash)}). Drop it from the batch or the hook."
+        )
+    return {**batch, **merged}

@@ -1,0 +1,145 @@
+"""The compiled step: the user's step function jitted once per fetch set."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmon._fetches import FetchSpec
+
+logger = logging.getLogger("jaxmon")
+
+#: More compiled variants than this suggests a fetch set that changes every run.
+VARIANT_WARNING = 8
+
+
+def check_step_fn(step_fn: Any) -> None:
+    """Raises a `TypeError` unless `step_fn` can be called as `step_fn(state, batch)`."""
+    if not callable(step_fn):
+        raise TypeError(
+            f"step_fn must be a function step_fn(state, batch) -> (new_state, outputs); got {step_fn!r}."
+        )
+    try:
+        signature = inspect.signature(step_fn)
+    except (TypeError, ValueError):  # builtins and some C callables: trust them
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        name = getattr(step_fn, "__qualname__", repr(step_fn))
+        raise TypeError(
+            f"step_fn must take two positional arguments (state, batch); {name}{signature} "
+            f"does not. Give it the signature step_fn(state, batch) -> (new_state, outputs)."
+        ) from None
+
+
+class CompiledStep:
+    """Jits `step_fn` with each distinct fetch set traced into the same program.
+
+    Calling it with a fetch-set key returns `(new_state, outputs, fetched)` where
+    `fetched` holds one value per spec in the key. Each key is compiled once (and
+    again only if the shapes of the state or batch change); `trace_count` counts
+    every trace, so tests can assert that nothing recompiles by accident.
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True):
+        check_step_fn(step_fn)
+        self._step_fn = step_fn
+        self._donate = (0,) if donate_state else ()
+        self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
+        self.trace_count = 0
+        self.output_names: tuple[str, ...] | None = None
+
+    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, str]):
+        variant = self._variants.get(key)
+        if variant is None:
+            variant = self._variants[key] = self._build(key, dict(owners))
+            if len(self._variants) == VARIANT_WARNING + 1:
+                logger.warning(
+                    "The step is now compiled for %d distinct fetch sets. A hook probably "
+                    "fetches a new callable each run (e.g. a lambda made in before_run): "
+                    "create the callable once and pass the same object every run.",
+                    len(self._variants),
+                )
+        return variant(state, batch)
+
+    def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, str]) -> Callable[..., Any]:
+        def variant(state, batch):
+            self.trace_count += 1
+            new_state, outputs = _check_result(self._step_fn(state, batch), state)
+            self.output_names = tuple(outputs)
+            fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
+            return new_state, outputs, fetched
+
+        return jax.jit(variant, donate_argnums=self._donate)
+
+
+def _evaluate(spec: FetchSpec, owner: str, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
+    if not isinstance(spec, str):
+        return spec(state, batch, outputs)
+    if spec not in outputs:
+        raise ValueError(
+            f"{owner} fetches {spec!r}, which is not an output of the step function; "
+            f"its outputs are {sorted(outputs)}. Fetch one of those names, or a callable "
+            f"fn(state, batch, outputs)."
+        )
+    return outputs[spec]
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray, np.generic, numbers.Number))
+
+
+def _check_result(result: Any, state: Any) -> tuple[Any, dict[str, Any]]:
+    """Checks (on trace) that the step returned `(new_state, {name: array})`."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(
+            f"step_fn must return a pair (new_state, outputs); it returned {_describe(result)}."
+        )
+    new_state, outputs = result
+    if not isinstance(outputs, Mapping) or not all(isinstance(k, str) for k in outputs):
+        raise TypeError(
+            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}}; "
+            f"it returned {_describe(outputs)}."
+        )
+    bad = {k: _describe(v) for k, v in outputs.items() if not _is_array(v)}
+    if bad:
+        raise TypeError(
+            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}}; "
+            f"these entries are not arrays: {bad}. Return arrays (or scalars) only."
+        )
+    _check_same_state(state, new_state)
+    return new_state, dict(outputs)
+
+
+def _check_same_state(state: Any, new_state: Any) -> None:
+    old, new = jax.tree.structure(state), jax.tree.structure(new_state)
+    if old != new:
+        raise TypeError(
+            "step_fn returned a new state with another structure than the state it was "
+            f"given (given {old}, returned {new}). Return the same pytree with new values, "
+            "e.g. state.replace(...) or state.apply_gradients(grads=...)."
+        )
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(new_state), strict=True):
+        before, after = (jnp.shape(a), jnp.result_type(a)), (jnp.shape(b), jnp.result_type(b))
+        if before != after:
+            raise TypeError(
+                f"step_fn changed the shape or dtype of state{jax.tree_util.keystr(path)} "
+                f"from {before} to {after}; every step would recompile. Keep each leaf's "
+                "shape and dtype (cast with .astype if needed)."
+            )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}: ({', '.join(type(v).__name__ for v in value)})"
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} with keys {list(value)}"
+    return f"a {type(value).__name__} ({value!r:.60})"

@@ -1,0 +1,51 @@
+"""StopAtStepHook: stop the loop at a step number."""
+
+from __future__ import annotations
+
+from jaxmon._hook import Hook, RunContext, RunValues
+
+
+class StopAtStepHook(Hook):
+    """Requests a stop once the step number reaches `last_step` (inclusive).
+
+    Give exactly one of `num_steps` (counted from the step the session starts at,
+    fixed at the first session creation, kept across recoveries) or `last_step`.
+    A session that starts at or past `last_step` is stopped before its first run.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.StopAtStepHook(num_steps=1000)
+    """
+
+    def __init__(self, num_steps: int | None = None, last_step: int | None = None):
+        if num_steps is None and last_step is None:
+            raise ValueError("One of num_steps or last_step must be specified: "
+                             "StopAtStepHook(num_steps=N) or StopAtStepHook(last_step=N).")
+        if num_steps is not None and last_step is not None:
+            raise ValueError(f"Only one of num_steps or last_step can be specified; got "
+                             f"num_steps={num_steps!r} and last_step={last_step!r}.")
+        for name, value in (("num_steps", num_steps), ("last_step", last_step)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"StopAtStepHook {name} must be an int >= 0; got {value!r}.")
+        self._num_steps = num_steps
+        self._last_step = last_step
+
+    @property
+    def last_step(self) -> int | None:
+        """The step after which the loop stops (None until the session is created)."""
+        return self._last_step
+
+    def after_create_session(self, session) -> None:
+        if self._last_step is None:
+            self._last_step = session.step + self._num_steps
+        if session.step >= self._last_step:
+            session.request_stop()
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if values.step >= self._last_step:
+            ctx.request_stop()
+
+    def __repr__(self) -> str:
+        if self._num_steps is not None:
+            return f"StopAtStepHook(num_steps={self._num_steps})"
+        return f"StopAtStepHook(last_step={self._last_step})"

@@ -1,0 +1,66 @@
+"""Small shared pieces for the tests: a recording hook and tiny step functions."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import jaxmon as jm
+
+
+class RecordingHook(jm.Hook):
+    """Logs every event as (name, event) into a shared list; fetches/feeds on request."""
+
+    def __init__(self, name="hook", log=None, fetches=None, feeds=None, stop_at=None, raise_in=None):
+        self.name = name
+        self.log = [] if log is None else log
+        self.fetches, self.feeds = fetches, feeds
+        self.stop_at = stop_at  # request stop in after_run once values.step reaches this
+        self.raise_in = raise_in or {}  # {event: (call_number, exception)}
+        self.contexts, self.values, self.sessions = [], [], []
+        self.calls = {}
+
+    def _event(self, event):
+        self.log.append((self.name, event))
+        self.calls[event] = self.calls.get(event, 0) + 1
+        if event in self.raise_in and self.calls[event] == self.raise_in[event][0]:
+            raise self.raise_in[event][1]
+
+    def begin(self):
+        self._event("begin")
+
+    def after_create_session(self, session):
+        self.sessions.append(session)
+        self._event("after_create_session")
+
+    def before_run(self, ctx):
+        self.contexts.append(ctx)
+        self._event("before_run")
+        if self.fetches is None and self.feeds is None:
+            return None
+        return jm.RunArgs(fetches=self.fetches, feeds=self.feeds)
+
+    def after_run(self, ctx, values):
+        self.values.append(values)
+        self._event("after_run")
+        if self.stop_at is not None and values.step >= self.stop_at:
+            ctx.request_stop()
+
+    def end(self, session):
+        self._event("end")
+
+    def __repr__(self):
+        return f"RecordingHook({self.name!r})"
+
+
+def count_step(state, batch):
+    """Adds 1 to a scalar counter; outputs the new value."""
+    state = state + 1
+    return state, {"value": state}
+
+
+def zero():
+    return jnp.zeros((), jnp.int32)
+
+
+def events(log, event):
+    return [name for name, e in log if e == event]

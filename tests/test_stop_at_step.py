@@ -1,0 +1,78 @@
+"""StopAtStepHook end to end (reference checklist E, items 52-57)."""
+
+import pytest
+from helpers import count_step, zero
+
+import jaxmon as jm
+
+
+def run_all(sess):
+    values, stops = [], []
+    while not sess.should_stop():
+        values.append(int(sess.run(fetches="value")["value"]))
+        stops.append(sess.should_stop())
+    return values, stops
+
+
+def test_last_step_is_inclusive_and_a_restart_continues_to_the_new_last_step():  # item 52
+    sess = jm.MonitoredSession(count_step, zero, hooks=[jm.StopAtStepHook(last_step=3)])
+    assert run_all(sess) == ([1, 2, 3], [False, False, True])
+    sess.close()
+    restarted = jm.MonitoredSession(count_step, state=sess.state, initial_step=sess.step,
+                                    hooks=[jm.StopAtStepHook(last_step=5)])
+    assert run_all(restarted) == ([4, 5], [False, True])
+
+
+def test_num_steps_counts_from_the_step_the_session_starts_at():  # item 53
+    sess = jm.MonitoredSession(count_step, zero, hooks=[jm.StopAtStepHook(num_steps=3)])
+    assert run_all(sess)[0] == [1, 2, 3]
+    hook = jm.StopAtStepHook(num_steps=4)
+    restarted = jm.MonitoredSession(count_step, state=sess.state, initial_step=3, hooks=[hook])
+    assert run_all(restarted)[0] == [4, 5, 6, 7] and hook.last_step == 7
+
+
+def stops_at(hook, session_step, steps):
+    """Drives the hook directly with the step numbers a session would report."""
+    session = jm.MonitoredSession(count_step, zero, initial_step=session_step, hooks=[hook])
+    stopped = []
+    for step in steps:
+        ctx = jm.RunContext(step - 1, session, jm.RunArgs())
+        hook.after_run(ctx, jm.RunValues(None, step))
+        stopped.append(ctx.stop_requested)
+    return stopped
+
+
+def test_last_step_stops_at_and_past_it():  # item 54
+    assert stops_at(jm.StopAtStepHook(last_step=10), 5, [5, 9, 10, 11]) == [False, False, True, True]
+
+
+def test_num_steps_target_is_the_start_step_plus_num_steps():  # item 55
+    assert stops_at(jm.StopAtStepHook(num_steps=10), 5, [13, 14, 15, 16]) == [False, False, True, True]
+
+
+def test_a_step_jump_past_the_target_stops():  # item 56
+    assert stops_at(jm.StopAtStepHook(num_steps=10), 5, [15]) == [True]
+
+
+def test_arguments_are_validated():  # item 57
+    with pytest.raises(ValueError, match="Only one of num_steps or last_step"):
+        jm.StopAtStepHook(num_steps=1, last_step=2)
+    with pytest.raises(ValueError, match="One of num_steps or last_step must be specified"):
+        jm.StopAtStepHook()
+    with pytest.raises(ValueError, match="num_steps must be an int >= 0; got -1"):
+        jm.StopAtStepHook(num_steps=-1)
+
+
+def test_no_step_counter_is_needed_in_the_state():  # item 57, as it maps to JAX
+    def no_counter(state, batch):  # the state is a bare float: no step variable anywhere
+        return state * 0.5, {"value": state}
+
+    with jm.MonitoredSession(no_counter, state=1.0, hooks=[jm.StopAtStepHook(num_steps=4)]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 4 and float(sess.state) == 1 / 16
+
+
+def test_a_session_already_past_last_step_runs_nothing():
+    sess = jm.MonitoredSession(count_step, zero, initial_step=5, hooks=[jm.StopAtStepHook(last_step=5)])
+    assert sess.should_stop()
