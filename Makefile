@@ -22,7 +22,7 @@ train: $(STAMP)
 	$(PY) examples/default.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check jaxmon tests examples
+	$(PY) -m ruff check jaxmon tests examples benchmarks configs
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,10 +1,13 @@
 """The default example: a Flax linen MLP learns y = sin(3x) through a MonitoredSession.
 
-Run with `make train` (or `.venv/bin/python examples/default.py`).
+Run with `make train` (or `.venv/bin/python examples/default.py`); its settings are in
+`configs/default.py`.
 """
 
 from __future__ import annotations
 
+import pathlib
+import runpy
 import time
 
 import flax.linen as nn
@@ -15,31 +18,32 @@ import optax
 
 import jaxmon as jm
 
-STEPS = 2000
-BATCH = 128
+CONFIG = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "configs" / "default.py"))["get_config"]()
 
 
 class MLP(nn.Module):
+    hidden: int
+
     @nn.compact
     def __call__(self, x):
-        x = nn.tanh(nn.Dense(64)(x))
-        x = nn.tanh(nn.Dense(64)(x))
+        x = nn.tanh(nn.Dense(self.hidden)(x))
+        x = nn.tanh(nn.Dense(self.hidden)(x))
         return nn.Dense(1)(x)
 
 
-def batches(seed: int = 0):
+def batches(batch_size: int, seed: int):
     """Endless batches of (x, sin(3x) + noise) from a fixed seed."""
     rng = np.random.default_rng(seed)
     while True:
-        x = rng.uniform(-1, 1, size=(BATCH, 1)).astype(np.float32)
+        x = rng.uniform(-1, 1, size=(batch_size, 1)).astype(np.float32)
         y = np.sin(3 * x) + 0.05 * rng.standard_normal(size=x.shape).astype(np.float32)
         yield {"x": x, "y": y}
 
 
 def init_fn() -> jm.TrainState:
-    model = MLP()
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1)))["params"]
-    return jm.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(3e-3))
+    model = MLP(CONFIG["hidden"])
+    params = model.init(jax.random.PRNGKey(CONFIG["seed"]), jnp.zeros((1, 1)))["params"]
+    return jm.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(CONFIG["learning_rate"]))
 
 
 def step_fn(state: jm.TrainState, batch):
@@ -54,12 +58,12 @@ def step_fn(state: jm.TrainState, batch):
 class PrintLoss(jm.Hook):
     """Fetches the loss every `every` steps (other steps never wait for the device)."""
 
-    def __init__(self, every: int):
-        self.every = every
+    def __init__(self, every: int, last_step: int):
+        self.every, self.last_step = every, last_step
         self.first = self.last = None
 
     def before_run(self, ctx):
-        if ctx.step % self.every == 0 or ctx.step + 1 == STEPS:
+        if ctx.step % self.every == 0 or ctx.step + 1 == self.last_step:
             return jm.RunArgs(fetches=["loss"])
         return None
 
@@ -72,10 +76,11 @@ class PrintLoss(jm.Hook):
 
 
 def main() -> None:
-    printer = PrintLoss(every=250)
+    steps = CONFIG["steps"]
+    printer = PrintLoss(every=CONFIG["log_every"], last_step=steps)
     start = time.perf_counter()
-    with jm.MonitoredSession(step_fn, init_fn, data=batches(),
-                             hooks=[jm.StopAtStepHook(last_step=STEPS), printer]) as sess:
+    with jm.MonitoredSession(step_fn, init_fn, data=batches(CONFIG["batch_size"], CONFIG["seed"]),
+                             hooks=[jm.StopAtStepHook(last_step=steps), printer]) as sess:
         while not sess.should_stop():
             sess.run()
     seconds = time.perf_counter() - start

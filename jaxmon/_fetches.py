@@ -48,12 +48,16 @@ class FetchPlan:
     """
 
     def __init__(self, requests: Sequence[tuple[str, dict[str, FetchSpec] | None]]):
-        owners: dict[FetchSpec, str] = {}
+        self._size = len(requests)
+        self.owners: dict[FetchSpec, str] = {}
         for owner, request in requests:
-            for spec in (request or {}).values():
-                owners.setdefault(spec, owner)
-        self.key: tuple[FetchSpec, ...] = tuple(sorted(owners, key=_order))
-        self.owners = owners
+            for spec in request.values() if request else ():
+                self.owners.setdefault(spec, owner)
+        if not self.owners and all(request is None for _, request in requests):
+            self.key: tuple[FetchSpec, ...] = ()  # the common case: nobody fetches
+            self._routes = None
+            return
+        self.key = tuple(sorted(self.owners, key=_order))
         index = {spec: i for i, spec in enumerate(self.key)}
         self._routes = [
             None if request is None else {name: index[spec] for name, spec in request.items()}
@@ -62,6 +66,8 @@ class FetchPlan:
 
     def route(self, values: Sequence[Any]) -> list[dict[str, Any] | None]:
         """Splits the values computed for `key` into one result dict per requester."""
+        if self._routes is None:
+            return [None] * self._size
         return [
             None if route is None else {name: values[i] for name, i in route.items()}
             for route in self._routes

@@ -29,7 +29,7 @@ class RunArgs:
     feeds: Mapping[str, Any] | None = None
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class RunContext:
     """One run as the hooks see it; the same object goes to every hook's calls.
 

@@ -1,0 +1,135 @@
+"""Per-step overhead of MonitoredSession against a bare jitted loop.
+
+Two workloads: an overhead-bound MLP (32-64-10, batch 128, Adam, data already on the
+device), and a host-bound scalar step (state + x) whose device time is negligible, so
+that its time per step is the host's cost of one run. Three variants run each one,
+interleaved within one process in a rotating order (A B C, B C A, C A B, ...) so that
+machine noise hits all alike: the bare jitted loop (jit + donation: the limit),
+MonitoredSession with no hooks, and MonitoredSession with StopAtStepHook and a hook
+that fetches the loss every 100 steps. Prints JSON: median us/step and ratios.
+
+Run: .venv/bin/python benchmarks/core_overhead.py [--steps 2000] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import jaxmon as jm
+
+
+def make_scalar_workload():
+    def init_fn():
+        return jnp.zeros((), jnp.float32)
+
+    def step_fn(state, batch):
+        state = state + batch["x"]
+        return state, {"loss": state}
+
+    return init_fn, step_fn, {"x": jnp.ones((), jnp.float32)}
+
+
+def make_workload(seed: int = 0):
+    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
+    params = {
+        "w1": jax.random.normal(k1, (32, 64)) * 0.1, "b1": jnp.zeros(64),
+        "w2": jax.random.normal(k2, (64, 10)) * 0.1, "b2": jnp.zeros(10),
+    }
+    batch = {"x": jax.random.normal(k3, (128, 32)), "y": jax.random.randint(k4, (128,), 0, 10)}
+    tx = optax.adam(1e-3)
+
+    def init_fn():
+        fresh = jax.tree.map(jnp.array, params)
+        return {"params": fresh, "opt": tx.init(fresh)}
+
+    def step_fn(state, batch):
+        def loss_fn(p):
+            h = jnp.tanh(batch["x"] @ p["w1"] + p["b1"])
+            logits = h @ p["w2"] + p["b2"]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, {"loss": loss}
+
+    return init_fn, step_fn, batch
+
+
+class EveryHundred(jm.Hook):
+    def before_run(self, ctx):
+        return jm.RunArgs(fetches=["loss"]) if ctx.step % 100 == 0 else None
+
+
+def bare(init_fn, step_fn, batch, steps):
+    step = jax.jit(step_fn, donate_argnums=0)
+    state = init_fn()
+    state, _ = step(state, batch)  # compile outside the timing
+    jax.block_until_ready(state)
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, _ = step(state, batch)
+    jax.block_until_ready(state)
+    return time.perf_counter() - start
+
+
+def session(hooks):
+    def variant(init_fn, step_fn, batch, steps):
+        sess = jm.MonitoredSession(step_fn, init_fn, hooks=hooks())
+        sess.run(batch, fetches=["loss"])  # compile both variants outside the timing
+        sess.run(batch)
+        jax.block_until_ready(sess.state)
+        start = time.perf_counter()
+        for _ in range(steps):
+            sess.run(batch)
+        jax.block_until_ready(sess.state)
+        return time.perf_counter() - start
+
+    return variant
+
+
+VARIANTS = {
+    "bare_jit": bare,
+    "session_no_hooks": session(lambda: []),
+    "session_stop_and_fetch_every_100": session(lambda: [jm.StopAtStepHook(last_step=10**9), EveryHundred()]),
+}
+
+
+WORKLOADS = {
+    "mlp_32_64_10_batch_128_adam": make_workload,
+    "scalar_host_bound": make_scalar_workload,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    report = {
+        "steps": args.steps, "repeats": args.repeats,
+        "machine": f"{platform.machine()}, {jax.devices()[0].platform}, jax {jax.__version__}",
+    }
+    for workload_name, workload in WORKLOADS.items():
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        names = list(VARIANTS)
+        for repeat in range(args.repeats):
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:  # rotate the order
+                times[name].append(VARIANTS[name](*workload(), args.steps) / args.steps * 1e6)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        report[workload_name] = {
+            "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
+            "ratio_to_bare": {k: round(v / medians["bare_jit"], 3) for k, v in medians.items()},
+        }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
