@@ -9,12 +9,13 @@ FetchSpec = str | Callable[..., Any]
 _HINT = "fetches are an output name, a list of names, or a dict {result_name: name or fn(state, batch, outputs)}"
 
 
-def normalize(fetches: Any, owner: str) -> dict[str, FetchSpec] | None:
+def normalize(fetches: Any, owner: object) -> dict[str, FetchSpec] | None:
     """Returns `fetches` as `{result_name: spec}`, or None when nothing is asked.
 
     Args:
       fetches: what a hook or the caller asked for (see `RunArgs.fetches`).
-      owner: who asked, for error messages.
+      owner: who asked (a hook, or a str); formatted only in error messages, so that
+        a hook's `repr` never runs (and never reads the device) on a good run.
     """
     if fetches is None:
         return None
@@ -27,6 +28,11 @@ def normalize(fetches: Any, owner: str) -> dict[str, FetchSpec] | None:
             if not (isinstance(spec, str) or callable(spec)):
                 raise TypeError(
                     f"{owner}: fetch {name!r} is {spec!r}, which is neither an output name nor a callable. {_HINT}."
+                )
+            if not isinstance(spec, str) and getattr(type(spec), "__hash__", None) is None:
+                raise TypeError(
+                    f"{owner}: fetch {name!r} is an unhashable callable ({type(spec).__name__}); fetch callables "
+                    "key the compile cache, so they must be hashable: use a function, or define __hash__."
                 )
         return dict(fetches)
     if callable(fetches):
@@ -47,9 +53,9 @@ class FetchPlan:
     whoever asked and in whatever order, so they share one compiled variant.
     """
 
-    def __init__(self, requests: Sequence[tuple[str, dict[str, FetchSpec] | None]]):
+    def __init__(self, requests: Sequence[tuple[object, dict[str, FetchSpec] | None]]):
         self._size = len(requests)
-        self.owners: dict[FetchSpec, str] = {}
+        self.owners: dict[FetchSpec, object] = {}
         for owner, request in requests:
             for spec in request.values() if request else ():
                 self.owners.setdefault(spec, owner)

@@ -36,7 +36,8 @@ class RunContext:
     Attributes:
       step: the step number before this run.
       session: the `MonitoredSession` running it.
-      original_args: the caller's fetches, and the caller's batch as `feeds`.
+      original_args: the caller's fetches, and this run's batch (given to `run()` or
+        taken from `data`, before any hook's feeds) as `feeds`.
     """
 
     step: int

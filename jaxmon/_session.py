@@ -38,8 +38,10 @@ class MonitoredSession:
         of a previous state are then deleted).
       initial_step: the step number the initial state has completed, for a state
         restored by hand (0 for a fresh one).
-      max_recoveries: how many times one `run()` re-creates the state and retries
-        after `AbortedError`/`UnavailableError` before the error propagates.
+      max_recoveries: how many times one `run()` (or the session's creation)
+        re-creates the state and retries after `AbortedError`/`UnavailableError`
+        before the error propagates. TF retried forever; a bound ends a loop that
+        would never succeed.
       stop_grace_period_secs: the longest `close()` may wait for pending work.
 
     Example:
@@ -75,13 +77,16 @@ class MonitoredSession:
                 f"state={'None' if state is None else type(state).__name__}."
             )
         if init_fn is not None and not callable(init_fn):
-            raise TypeError(f"init_fn must be a function init_fn() -> state; got {init_fn!r}.")
+            raise TypeError(
+                f"init_fn must be a function init_fn() -> state; got a value of type {type(init_fn).__name__}. "
+                "To pass the state itself, use state=: MonitoredSession(step_fn, state=state)."
+            )
         _check_count("initial_step", initial_step)
         _check_count("max_recoveries", max_recoveries)
-        if stop_grace_period_secs < 0:
+        if not isinstance(stop_grace_period_secs, (int, float)) or stop_grace_period_secs < 0:
             raise ValueError(f"stop_grace_period_secs must be >= 0; got {stop_grace_period_secs!r}.")
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
-        self._hooks = _check_hooks(hooks)
+        self._hooks = _check_hooks(() if hooks is None else hooks)
         self._init_fn = init_fn if init_fn is not None else _once(state)
         self._data = None if data is None else iter(data)
         self._initial_step = initial_step
@@ -112,17 +117,20 @@ class MonitoredSession:
           RuntimeError: the session was asked to stop, or is closed.
           StopIteration: `data` (or a hook) ended; inside `with`, the block ends cleanly.
         """
-        if self.should_stop():
+        if self._closed:
+            raise RuntimeError("Run called on a closed session. Create a new session to train further.")
+        if self._stop_requested:
             raise RuntimeError(
                 "Run called even after should_stop requested. Check sess.should_stop() "
                 "before each run (`while not sess.should_stop(): sess.run()`)."
             )
         wanted = _fetches.normalize(fetches, "run(fetches=...)")
+        take_from_data = batch is None and self._data is not None
         try:
-            if batch is None and self._data is not None:
-                batch = next(self._data)
             for attempt in itertools.count(1):
                 try:
+                    if take_from_data:
+                        batch, take_from_data = next(self._data), False
                     return self._run_hooked(batch, fetches, wanted)
                 except Exception as error:
                     if not _errors.is_recoverable(error) or attempt > self._max_recoveries:
@@ -135,12 +143,12 @@ class MonitoredSession:
             raise
 
     def _run_hooked(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
-        ctx = RunContext(self._step, self, RunArgs(fetches, batch if isinstance(batch, Mapping) else None))
-        requests = [("run(fetches=...)", wanted)]
+        ctx = RunContext(self._step, self, RunArgs(fetches, batch))
+        requests: list[tuple[object, dict | None]] = [("run(fetches=...)", wanted)]
         feeds = []
         for hook in self._hooks:
             args = _check_run_args(hook.before_run(ctx), hook)
-            requests.append((repr(hook), _fetches.normalize(args.fetches, repr(hook))))
+            requests.append((hook, _fetches.normalize(args.fetches, hook)))
             feeds.append((hook, args.feeds or {}))
         batch = _merge_feeds(batch, feeds)
         plan = _fetches.FetchPlan(requests)
@@ -302,7 +310,8 @@ def _merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any
     clash = sorted(set(merged) & set(batch))
     if clash:
         raise RuntimeError(
-            f"Same batch key is fed by a hook and the caller: {clash} (fed by "
-            f"{', '.join(repr(owners[k]) for k in clash)}). Drop it from the batch or the hook."
+            f"Same batch key is fed by a hook and the caller: {clash} is already in the batch "
+            f"(given to run() or taken from data) and fed by {', '.join(repr(owners[k]) for k in clash)}. "
+            "Drop it from the batch or from the hook's feeds."
         )
     return {**batch, **merged}

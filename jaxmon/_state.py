@@ -53,7 +53,16 @@ class TrainState(train_state.TrainState):
     def from_nnx(cls, model: nnx.Module, *, tx, rng=None) -> TrainState:
         """Splits a Flax NNX model into graphdef + params (trained) + extras (the rest).
 
-        Rebuild the model inside the step with `state.nnx_model(params)`.
+        Inside the step, rebuild the model with `state.nnx_model(params)` and hand what
+        it mutated (batch statistics, dropout RNG counts) back with `nnx_extras`:
+
+            def loss_fn(params):
+                model = state.nnx_model(params)
+                loss = jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
+                return loss, state.nnx_extras(model)
+
+            (loss, extras), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+            state = state.apply_gradients(grads=grads, extras=extras)
 
         Example:
           >>> import optax, jaxmon as jm
@@ -68,10 +77,20 @@ class TrainState(train_state.TrainState):
         return state.replace(graphdef=graphdef)
 
     def nnx_model(self, params: Any = None) -> nnx.Module:
-        """The NNX model of a state made by `from_nnx`, with `params` (default: its own)."""
+        """A fresh NNX model of a state made by `from_nnx`, with `params` (default: its own).
+
+        The model is a copy, so it may be called (and mutate its batch statistics or
+        RNG counts) inside `jax.grad`; take what it mutated back with `nnx_extras`.
+        """
         if self.graphdef is None:
             raise ValueError("nnx_model() needs a state made by TrainState.from_nnx(model, tx=...).")
-        return nnx.merge(self.graphdef, self.params if params is None else params, self.extras)
+        params = self.params if params is None else params
+        return nnx.merge(self.graphdef, params, self.extras, copy=True)
+
+    @staticmethod
+    def nnx_extras(model: nnx.Module) -> Any:
+        """The non-trainable state of an NNX model, in the layout `from_nnx` keeps as `extras`."""
+        return nnx.split(model, nnx.Param, ...)[2]
 
     def next_rng(self) -> tuple[TrainState, jax.Array]:
         """Splits `rng`: returns the state with a new key, and a key to use now."""

@@ -57,7 +57,7 @@ class CompiledStep:
         self.trace_count = 0
         self.output_names: tuple[str, ...] | None = None
 
-    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, str]):
+    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object]):
         variant = self._variants.get(key)
         if variant is None:
             variant = self._variants[key] = self._build(key, dict(owners))
@@ -70,18 +70,18 @@ class CompiledStep:
                 )
         return variant(state, batch)
 
-    def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, str]) -> Callable[..., Any]:
+    def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object]) -> Callable[..., Any]:
         def variant(state, batch):
-            self.trace_count += 1
             new_state, outputs = _check_result(self._step_fn(state, batch), state)
             self.output_names = tuple(outputs)
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
+            self.trace_count += 1  # a trace that raised compiles nothing
             return new_state, outputs, fetched
 
         return jax.jit(variant, donate_argnums=self._donate)
 
 
-def _evaluate(spec: FetchSpec, owner: str, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
+def _evaluate(spec: FetchSpec, owner: object, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
     if not isinstance(spec, str):
         return spec(state, batch, outputs)
     if spec not in outputs:
@@ -138,8 +138,16 @@ def _check_same_state(state: Any, new_state: Any) -> None:
 
 
 def _describe(value: Any) -> str:
-    if isinstance(value, tuple):
-        return f"a tuple of {len(value)}: ({', '.join(type(v).__name__ for v in value)})"
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return f"an array {value.dtype}{list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}: ({', '.join(_short(v) for v in value)})"
     if isinstance(value, Mapping):
         return f"a {type(value).__name__} with keys {list(value)}"
     return f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__

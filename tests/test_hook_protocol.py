@@ -24,6 +24,31 @@ def test_hooks_that_ask_nothing_see_one_call_each_and_no_results():  # item 1
     assert (ctx.step, a.values[0].step) == (0, 1)
 
 
+def test_the_context_carries_a_batch_that_is_not_a_dict():  # item 1, any batch type
+    hook = RecordingHook()
+    sess = jm.MonitoredSession(lambda s, b: (s, {"x": b[0]}), zero, hooks=[hook])
+    batch = (np.ones(2), np.zeros(3))
+    sess.run(batch)
+    assert hook.contexts[0].original_args.feeds is batch
+
+
+def test_hook_reprs_are_never_built_on_a_good_run():
+    class Watched(jm.Hook):  # a repr that reads the device would be a hidden host sync
+        reprs = 0
+
+        def before_run(self, ctx):
+            return jm.RunArgs(fetches=["value"]) if ctx.step == 0 else None
+
+        def __repr__(self):
+            Watched.reprs += 1
+            return "Watched()"
+
+    sess = jm.MonitoredSession(count_step, zero, hooks=[Watched()])
+    for _ in range(3):
+        sess.run()
+    assert Watched.reprs == 0
+
+
 def three_outputs(state, batch):
     return state, {"x": jnp.asarray(1.0), "y": jnp.asarray(2.0), "z": jnp.asarray(3.0)}
 

@@ -33,7 +33,7 @@ def test_a_clean_with_exit_calls_end_in_order_and_closes():  # items 16 and 21
         sess.run()
     assert events(log, "end") == ["a", "b"] and log[-2:] == [("a", "end"), ("b", "end")]
     assert sess.should_stop()
-    with pytest.raises(RuntimeError, match="should_stop"):
+    with pytest.raises(RuntimeError, match="Run called on a closed session"):
         sess.run()
 
 
@@ -109,6 +109,12 @@ def test_errors_keep_their_own_traceback():  # item 31
     with pytest.raises(KeyError) as info:
         sess.run()
     assert traceback.extract_tb(info.value.__traceback__)[-1].name == "_event"
+
+
+def test_hooks_none_means_no_hooks():
+    with jm.MonitoredSession(count_step, zero, hooks=None) as sess:
+        sess.run()
+    assert sess.step == 1
 
 
 def test_step_is_a_host_int_counting_completed_runs():

@@ -48,6 +48,47 @@ def test_a_jax_runtime_abort_inside_the_step_is_recovered():
     assert sess.step == 1 and hook.calls["after_create_session"] == 2
 
 
+def test_an_abort_raised_inside_the_step_function_is_recovered():
+    traces = []
+
+    def aborts_on_its_first_trace(state, batch):
+        traces.append(1)
+        if len(traces) == 1:
+            raise jm.UnavailableError("device not ready")
+        return count_step(state, batch)
+
+    hook = RecordingHook()
+    sess = jm.MonitoredSession(aborts_on_its_first_trace, zero, hooks=[hook])
+    assert sess.run(fetches="value") == {"value": 1}
+    assert hook.calls["after_create_session"] == 2 and sess.compile_count == 1
+
+
+def test_an_abort_from_the_data_is_retried_without_losing_a_batch():
+    def data():
+        yield 1
+        raise jm.AbortedError("input service restarted")
+
+    class Retrying:
+        def __init__(self):
+            self.inner, self.items = data(), iter([2, 3])
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            try:
+                return next(self.inner)
+            except jm.AbortedError:
+                self.inner = self.items
+                raise
+
+    def add(state, batch):
+        return state + batch, {"value": state + batch}
+
+    sess = jm.MonitoredSession(add, zero, data=Retrying())
+    assert [int(sess.run(fetches="value")["value"]) for _ in range(2)] == [1, 2]  # re-initialised: 0 + 2
+
+
 def test_recovery_gives_up_after_max_recoveries():
     class AlwaysAborts(jm.Hook):
         def before_run(self, ctx):

@@ -70,6 +70,40 @@ def test_an_nnx_model_split_into_graphdef_and_state_trains_below_a_fifth():
     assert isinstance(model, nnx.Linear) and sess.compile_count == 1
 
 
+class Noisy(nnx.Module):
+    def __init__(self, rngs):
+        self.dense = nnx.Linear(3, 8, rngs=rngs)
+        self.norm = nnx.BatchNorm(8, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs)
+        self.out = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.drop(self.norm(self.dense(x))))
+
+
+def nnx_mutating_step(state, batch):
+    def loss_fn(params):
+        model = state.nnx_model(params)
+        loss = jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
+        return loss, state.nnx_extras(model)
+
+    (loss, extras), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return state.apply_gradients(grads=grads, extras=extras), {"loss": loss}
+
+
+def test_an_nnx_model_with_batch_norm_and_dropout_keeps_its_mutated_state():
+    def init_fn():
+        return jm.TrainState.from_nnx(Noisy(nnx.Rngs(0)), tx=optax.adam(0.05))
+
+    start = init_fn()
+    losses, sess = losses_through_session(nnx_mutating_step, init_fn, steps=40)
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses[::8]
+    assert not np.allclose(sess.state.extras["norm"]["mean"][...], start.extras["norm"]["mean"][...])
+    counts = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(sess.state.extras) if "count" in str(path)]
+    assert counts and all(int(c) > 0 for c in counts)  # dropout drew fresh randomness each step
+    assert sess.compile_count == 1
+
+
 def test_next_rng_splits_and_advances_the_key():
     state = jm.TrainState.create(apply_fn=None, params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), rng=3)
     state2, key = state.next_rng()

@@ -104,7 +104,8 @@ def test_a_step_fn_with_the_wrong_arity_is_rejected_at_construction():
 
 
 @pytest.mark.parametrize("result, message", [
-    ((0, [1.0]), r"outputs must be a dict of arrays .* it returned a list"),
+    ((0, [1.0]), r"outputs must be a dict of arrays .* it returned a list of 1: \(float\)"),
+    ((0, [jnp.ones(3)]), r"it returned a list of 1: \(float32\[3\]\)"),
     ((0, {"loss": "low"}), r"these entries are not arrays: \{'loss': \"a str \('low'\)\"\}"),
     ((0, {"nested": {"a": 1.0}}), r"not arrays: \{'nested':"),
     (0, r"must return a pair \(new_state, outputs\); it returned a int"),
@@ -159,6 +160,25 @@ def test_bad_fetches_and_run_args_are_named():
         jm.MonitoredSession(count_step, zero, hooks=[Bad()]).run()
 
 
+def test_an_unhashable_callable_fetch_is_named():
+    class Scaled:
+        def __eq__(self, other):
+            return False
+
+        def __call__(self, state, batch, outputs):
+            return state
+
+    with pytest.raises(TypeError, match="fetch 'f' is an unhashable callable \\(Scaled\\)"):
+        jm.MonitoredSession(count_step, zero).run(fetches={"f": Scaled()})
+
+
+def test_a_hook_feeding_a_key_the_data_already_has_is_named():
+    sess = jm.MonitoredSession(lambda s, b: (s, {}), zero, data=[{"x": 1.0}],
+                               hooks=[RecordingHook("h", feeds={"x": 2.0})])
+    with pytest.raises(RuntimeError, match=r"\['x'\] is already in the batch \(given to run\(\) or taken from data\)"):
+        sess.run()
+
+
 def test_init_arguments_are_validated():
     with pytest.raises(ValueError, match="exactly one of init_fn= .* or state="):
         jm.MonitoredSession(count_step)
@@ -166,3 +186,7 @@ def test_init_arguments_are_validated():
         jm.MonitoredSession(count_step, zero, state=zero())
     with pytest.raises(ValueError, match="max_recoveries must be an int >= 0; got -1"):
         jm.MonitoredSession(count_step, zero, max_recoveries=-1)
+    with pytest.raises(TypeError, match="got a value of type ArrayImpl. To pass the state itself, use state="):
+        jm.MonitoredSession(count_step, jnp.zeros(()))
+    with pytest.raises(ValueError, match="stop_grace_period_secs must be >= 0; got '1'"):
+        jm.MonitoredSession(count_step, zero, stop_grace_period_secs="1")
