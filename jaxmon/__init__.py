@@ -13,6 +13,7 @@ from jaxmon._hook import (
 )
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
+from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
 from jaxmon.hooks import StopAtStepHook
 
 __version__ = "0.1.0"
@@ -21,9 +22,11 @@ __all__ = [
     "AbortedError",
     "Hook",
     "MonitoredSession",
+    "NeverTriggerTimer",
     "RunArgs",
     "RunContext",
     "RunValues",
+    "SecondOrStepTimer",
     "SessionRunArgs",
     "SessionRunContext",
     "SessionRunHook",

@@ -1,0 +1,78 @@
+"""The shared interval timer (reference checklist H, items 73-76), with a fake clock."""
+
+import pytest
+
+import jaxmon as jm
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_exactly_one_of_secs_and_steps():  # item 73
+    with pytest.raises(ValueError, match="Can not provide both every_secs and every_steps"):
+        jm.SecondOrStepTimer(every_secs=2.0, every_steps=10)
+    with pytest.raises(ValueError, match="Either every_secs or every_steps should be provided"):
+        jm.SecondOrStepTimer()
+    with pytest.raises(ValueError, match="every_steps must be an int >= 1; got 0"):
+        jm.SecondOrStepTimer(every_steps=0)
+    with pytest.raises(ValueError, match="every_secs must be a number >= 0; got -1"):
+        jm.SecondOrStepTimer(every_secs=-1)
+
+
+def test_every_secs_triggers_once_time_has_passed_and_never_twice_for_a_step():  # item 74
+    clock = FakeClock()
+    timer = jm.SecondOrStepTimer(every_secs=1.0, clock=clock)
+    assert timer.should_trigger_for_step(1)
+    timer.update_last_triggered_step(1)
+    assert not timer.should_trigger_for_step(1) and not timer.should_trigger_for_step(2)
+    clock.now += 1.0
+    assert not timer.should_trigger_for_step(1)
+    assert timer.should_trigger_for_step(2)
+
+
+def test_every_steps_triggers_at_the_interval():  # item 75
+    timer = jm.SecondOrStepTimer(every_steps=3)
+    assert timer.should_trigger_for_step(1)
+    timer.update_last_triggered_step(1)
+    assert [timer.should_trigger_for_step(s) for s in (1, 2, 3, 4)] == [False, False, False, True]
+
+
+def test_update_returns_elapsed_seconds_and_steps():  # item 76
+    clock = FakeClock()
+    timer = jm.SecondOrStepTimer(every_steps=1, clock=clock)
+    assert timer.update_last_triggered_step(1) == (None, None)
+    clock.now += 0.5
+    assert timer.update_last_triggered_step(5) == (0.5, 4)
+    clock.now += 0.25
+    assert timer.update_last_triggered_step(7) == (0.25, 2)
+    assert timer.last_triggered_step() == 7
+
+
+def test_asking_does_not_record_and_reset_forgets():
+    timer = jm.SecondOrStepTimer(every_steps=5)
+    assert timer.should_trigger_for_step(3) and timer.should_trigger_for_step(3)
+    assert timer.last_triggered_step() is None
+    timer.update_last_triggered_step(3)
+    timer.reset()
+    assert timer.last_triggered_step() is None and timer.should_trigger_for_step(4)
+
+
+def test_step_jumps_fire_once_at_the_first_step_past_the_interval():
+    timer = jm.SecondOrStepTimer(every_steps=8)
+    fired = []
+    for step in (1, 33, 65, 70, 73, 100):  # 32 steps per dispatch, then a jump
+        if timer.should_trigger_for_step(step):
+            timer.update_last_triggered_step(step)
+            fired.append(step)
+    assert fired == [1, 33, 65, 73, 100]
+
+
+def test_the_never_trigger_timer_never_fires():
+    timer = jm.NeverTriggerTimer()
+    assert not any(timer.should_trigger_for_step(s) for s in range(5))
+    assert timer.update_last_triggered_step(3) == (None, None) and timer.last_triggered_step() is None
