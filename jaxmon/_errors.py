@@ -1,4 +1,4 @@
-"""Errors jaxmon raises, and the test for errors a session recovers from."""
+"""Errors jaxmon raises, the test for errors a session recovers from, and argument checks."""
 
 from __future__ import annotations
 
@@ -14,6 +14,18 @@ class UnavailableError(RuntimeError):
 
 
 _RECOVERABLE_CODES = ("ABORTED", "UNAVAILABLE")
+
+
+def check_int(name: str, value: object, minimum: int = 0) -> None:
+    """Raises a `ValueError` naming `name` unless `value` is an int >= `minimum`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}.")
+
+
+def check_number(name: str, value: object) -> None:
+    """Raises a `ValueError` naming `name` unless `value` is a number >= 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a number >= 0; got {value!r}.")
 
 
 def is_recoverable(error: BaseException) -> bool:

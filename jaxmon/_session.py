@@ -81,10 +81,9 @@ class MonitoredSession:
                 f"init_fn must be a function init_fn() -> state; got a value of type {type(init_fn).__name__}. "
                 "To pass the state itself, use state=: MonitoredSession(step_fn, state=state)."
             )
-        _check_count("initial_step", initial_step)
-        _check_count("max_recoveries", max_recoveries)
-        if not isinstance(stop_grace_period_secs, (int, float)) or stop_grace_period_secs < 0:
-            raise ValueError(f"stop_grace_period_secs must be >= 0; got {stop_grace_period_secs!r}.")
+        _errors.check_int("initial_step", initial_step)
+        _errors.check_int("max_recoveries", max_recoveries)
+        _errors.check_number("stop_grace_period_secs", stop_grace_period_secs)
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
         self._hooks = _check_hooks(() if hooks is None else hooks)
         self._init_fn = init_fn if init_fn is not None else _once(state)
@@ -256,11 +255,6 @@ def _once(state: Any) -> Callable[[], Any]:
         return state
 
     return init_fn
-
-
-def _check_count(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0; got {value!r}.")
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:

@@ -139,7 +139,7 @@ def _check_same_state(state: Any, new_state: Any) -> None:
 
 def _describe(value: Any) -> str:
     if isinstance(value, (jax.Array, np.ndarray)):
-        return f"an array {value.dtype}{list(value.shape)}"
+        return f"an array {_short(value)}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}: ({', '.join(_short(v) for v in value)})"
     if isinstance(value, Mapping):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from jaxmon._errors import check_int, check_number
+
 
 class SecondOrStepTimer:
     """Says when a periodic action is due, by steps or by seconds (TF semantics).
@@ -39,11 +41,10 @@ class SecondOrStepTimer:
         if every_secs is not None and every_steps is not None:
             raise ValueError(f"Can not provide both every_secs and every_steps (got every_secs={every_secs!r}, "
                              f"every_steps={every_steps!r}); keep one.")
-        if every_steps is not None and (not isinstance(every_steps, int) or isinstance(every_steps, bool)
-                                        or every_steps < 1):
-            raise ValueError(f"every_steps must be an int >= 1; got {every_steps!r}.")
-        if every_secs is not None and (not isinstance(every_secs, (int, float)) or every_secs < 0):
-            raise ValueError(f"every_secs must be a number >= 0; got {every_secs!r}.")
+        if every_steps is not None:
+            check_int("every_steps", every_steps, minimum=1)
+        if every_secs is not None:
+            check_number("every_secs", every_secs)
         self.every_secs = every_secs
         self.every_steps = every_steps
         self._clock = clock

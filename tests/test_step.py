@@ -188,5 +188,5 @@ def test_init_arguments_are_validated():
         jm.MonitoredSession(count_step, zero, max_recoveries=-1)
     with pytest.raises(TypeError, match="got a value of type ArrayImpl. To pass the state itself, use state="):
         jm.MonitoredSession(count_step, jnp.zeros(()))
-    with pytest.raises(ValueError, match="stop_grace_period_secs must be >= 0; got '1'"):
+    with pytest.raises(ValueError, match="stop_grace_period_secs must be a number >= 0; got '1'"):
         jm.MonitoredSession(count_step, zero, stop_grace_period_secs="1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxmon._errors import check_int
 from jaxmon._hook import Hook, RunContext, RunValues
 
 
@@ -25,8 +26,8 @@ class StopAtStepHook(Hook):
             raise ValueError(f"Only one of num_steps or last_step can be specified; got "
                              f"num_steps={num_steps!r} and last_step={last_step!r}.")
         for name, value in (("num_steps", num_steps), ("last_step", last_step)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"StopAtStepHook {name} must be an int >= 0; got {value!r}.")
+            if value is not None:
+                check_int(f"StopAtStepHook {name}", value)
         self._num_steps = num_steps
         self._last_step = last_step
 
