@@ -1,4 +1,4 @@
-"""Fetch requests: normalising them and routing one compiled result to each requester."""
+"""Fetch requests: normalising them and routing one run's values to each requester."""
 
 from __future__ import annotations
 
@@ -42,39 +42,44 @@ def normalize(fetches: Any, owner: object) -> dict[str, FetchSpec] | None:
     raise TypeError(f"{owner}: cannot fetch {fetches!r}. {_HINT}.")
 
 
-def _order(spec: FetchSpec) -> tuple[int, str, int]:
-    return (0, spec, 0) if isinstance(spec, str) else (1, "", hash(spec))
+def _order(spec: Callable[..., Any]) -> int:
+    return hash(spec)
 
 
 class FetchPlan:
     """The distinct fetches of one run, and which requester gets which value.
 
-    `key` is the sorted tuple of distinct specs: equal fetch sets give equal keys,
-    whoever asked and in whatever order, so they share one compiled variant.
+    Output names are read from the step's outputs as they are; only callables are
+    traced into the compiled step. `key` is the sorted tuple of distinct callables:
+    equal sets give equal keys, whoever asked and in whatever order, so they share
+    one compiled variant, and fetching output names never compiles anything.
     """
 
     def __init__(self, requests: Sequence[tuple[object, dict[str, FetchSpec] | None]]):
-        self._size = len(requests)
+        self._requests = requests
         self.owners: dict[FetchSpec, object] = {}
         for owner, request in requests:
             for spec in request.values() if request else ():
                 self.owners.setdefault(spec, owner)
-        if not self.owners and all(request is None for _, request in requests):
-            self.key: tuple[FetchSpec, ...] = ()  # the common case: nobody fetches
-            self._routes = None
-            return
-        self.key = tuple(sorted(self.owners, key=_order))
-        index = {spec: i for i, spec in enumerate(self.key)}
-        self._routes = [
-            None if request is None else {name: index[spec] for name, spec in request.items()}
-            for _, request in requests
-        ]
+        self.key: tuple[Callable[..., Any], ...] = tuple(
+            sorted((spec for spec in self.owners if not isinstance(spec, str)), key=_order)
+        )
 
-    def route(self, values: Sequence[Any]) -> list[dict[str, Any] | None]:
-        """Splits the values computed for `key` into one result dict per requester."""
-        if self._routes is None:
-            return [None] * self._size
+    def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> list[dict[str, Any] | None]:
+        """One result dict (device values) per requester, None for those that asked none."""
+        if not self.owners:
+            return [None if request is None else {} for _, request in self._requests]
+        values = dict(zip(self.key, fetched, strict=True))
+        for spec, owner in self.owners.items():
+            if isinstance(spec, str):
+                if spec not in outputs:
+                    raise ValueError(
+                        f"{owner} fetches {spec!r}, which is not an output of the step function; "
+                        f"its outputs are {sorted(outputs)}. Fetch one of those names, or a callable "
+                        f"fn(state, batch, outputs)."
+                    )
+                values[spec] = outputs[spec]
         return [
-            None if route is None else {name: values[i] for name, i in route.items()}
-            for route in self._routes
+            None if request is None else {name: values[spec] for name, spec in request.items()}
+            for _, request in self._requests
         ]

@@ -23,10 +23,18 @@ class RunArgs:
         `fn(state, batch, outputs) -> pytree` (state is the post-step state). Pass
         the same callable object each run: each distinct fetch set compiles once.
       feeds: entries merged into the batch for this run (the batch must be a dict).
+      late: deliver this run's `after_run` one run later, after the next step was
+        dispatched (or when the session syncs or closes), so that reading the
+        fetched values never makes the device wait for the host. The hook still
+        gets this run's context and values; only the call comes later, after its
+        own `before_run` of the next run. Use it for observation (logging,
+        summaries, NaN checks); leave it False where a decision must be taken on
+        the exact step.
     """
 
     fetches: Fetches = None
     feeds: Mapping[str, Any] | None = None
+    late: bool = False
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -73,7 +81,13 @@ class Hook:
 
     Order of events: `begin` (every hook, at session construction) → state created or
     restored → `after_create_session` (again after every recovery) → per run:
-    `before_run` → one compiled step → `after_run` → `end` on a clean exit.
+    `before_run` → one compiled step → `after_run` → `end` on a clean exit →
+    `close` on every exit.
+
+    Errors raised in a hook carry a note naming the hook, the event and the step.
+    Set `on_error = "warn"` (built-in observational hooks take it as an argument)
+    to log a failing hook's errors and go on training instead of stopping the run;
+    the default, `"raise"`, stops it.
 
     Example:
       >>> import jaxmon as jm
@@ -97,8 +111,15 @@ class Hook:
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         """Called after each successful run with this hook's fetched values."""
 
+    on_error: str = "raise"
+
     def end(self, session: MonitoredSession) -> None:
         """Called once on a clean exit (normal end, end of data, explicit close)."""
+
+    def close(self) -> None:
+        """Called once on every exit, clean or not, after `end`: flush and release
+        files, writers and profilers here. Errors are raised on a clean exit and
+        logged on an exit that is already raising."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

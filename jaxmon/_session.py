@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -95,8 +96,14 @@ class MonitoredSession:
         self._closed = False
         self._state: Any = None
         self._step = initial_step
+        self._last_run: tuple[Any, Any] = (None, {})
+        self._late: collections.deque = collections.deque()
+        self._hook_failures: dict[int, int] = {}
         for hook in self._hooks:
-            hook.begin()
+            try:
+                hook.begin()
+            except Exception as error:
+                self._hook_failed(hook, "begin", initial_step, error)
         self._create_state()
 
     # -- the loop -------------------------------------------------------------------
@@ -144,20 +151,93 @@ class MonitoredSession:
     def _run_hooked(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         ctx = RunContext(self._step, self, RunArgs(fetches, batch))
         requests: list[tuple[object, dict | None]] = [("run(fetches=...)", wanted)]
-        feeds = []
+        feeds, asked = [], []
         for hook in self._hooks:
-            args = _check_run_args(hook.before_run(ctx), hook)
+            try:
+                args = _check_run_args(hook.before_run(ctx), hook)
+            except Exception as error:
+                self._hook_failed(hook, "before_run", ctx.step, error)
+                continue  # a failing hook whose policy is to warn sits this run out
+            asked.append((hook, args.late))
             requests.append((hook, _fetches.normalize(args.fetches, hook)))
             feeds.append((hook, args.feeds or {}))
         batch = _merge_feeds(batch, feeds)
         plan = _fetches.FetchPlan(requests)
         self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
         self._step += 1
-        caller, *results = plan.route(jax.device_get(fetched) if plan.key else ())
-        for hook, hook_results in zip(self._hooks, results, strict=True):
-            hook.after_run(ctx, RunValues(hook_results, self._step))
+        self._last_run = (batch, outputs)
+        caller, *results = plan.route(outputs, fetched)
+        self._deliver_late()  # the previous run's: the device already has this one queued
+        now = [(hook, r) for (hook, late), r in zip(asked, results, strict=True) if not late]
+        if len(now) < len(asked):
+            self._late.append((ctx, self._step, [(hook, r) for (hook, late), r in zip(asked, results) if late]))
+        if caller is not None or any(r is not None for _, r in now):
+            caller, host = jax.device_get((caller, [r for _, r in now]))
+            now = [(hook, r) for (hook, _), r in zip(now, host, strict=True)]
+        for hook, hook_results in now:
+            self._after_run(hook, ctx, RunValues(hook_results, self._step))
         self._stop_requested |= ctx.stop_requested
         return outputs if caller is None else caller
+
+    def _after_run(self, hook: Hook, ctx: RunContext, values: RunValues) -> None:
+        try:
+            hook.after_run(ctx, values)
+        except Exception as error:
+            self._hook_failed(hook, "after_run", values.step, error)
+
+    def _deliver_late(self) -> None:
+        """Calls the `after_run` of every run whose hooks asked for late delivery."""
+        while self._late:
+            ctx, step, entries = self._late.popleft()
+            host = jax.device_get([r for _, r in entries])
+            for (hook, _), hook_results in zip(entries, host, strict=True):
+                self._after_run(hook, ctx, RunValues(hook_results, step))
+            self._stop_requested |= ctx.stop_requested
+
+    def sync(self) -> None:
+        """Delivers every pending late `after_run` now (see `RunArgs.late`).
+
+        After it, every hook has seen every completed run: NaN checks and stop
+        requests of the last run have happened. It waits for the device only as long
+        as reading those values needs. Checkpoint saves call it first, so that a
+        checkpoint never holds a state that a hook would have rejected.
+        """
+        self._deliver_late()
+
+    def fetch(self, fetches: Any) -> dict[str, Any]:
+        """Computes fetches on the current state and the last run's batch and outputs,
+        without a step and without hooks (TF's `FinalOpsHook` and `at_end` logging).
+
+        Callables are jitted once per distinct set. Before the first run, the batch is
+        None and the outputs are empty, so only callables that ignore them work.
+
+        Args:
+          fetches: as `RunArgs.fetches`.
+
+        Returns:
+          A dict of host NumPy values, keyed like `fetches`.
+        """
+        wanted = _fetches.normalize(fetches, "fetch(...)")
+        if wanted is None:
+            return {}
+        batch, outputs = self._last_run
+        plan = _fetches.FetchPlan([("fetch(...)", wanted)])
+        fetched = self._compiled.evaluate(plan.key, self._state, batch, outputs, plan.owners)
+        [result] = plan.route(outputs, fetched)
+        return jax.device_get(result)
+
+    def _hook_failed(self, hook: Hook, event: str, step: int, error: Exception) -> None:
+        """Re-raises `error` (called inside its `except`) with the hook and step noted,
+        unless the hook's policy is to warn and the error is not control flow."""
+        if isinstance(error, StopIteration):
+            raise error
+        if hook.on_error != "warn" or _errors.is_recoverable(error):
+            error.add_note(f"(raised in {hook!r}.{event} at step {step})")
+            raise error
+        count = self._hook_failures[id(hook)] = self._hook_failures.get(id(hook), 0) + 1
+        if count <= 3 or count in (10, 100) or count % 1000 == 0:
+            logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
+                           hook, event, step, count, error, exc_info=count == 1)
 
     def _create_state(self, recovering: BaseException | None = None) -> None:
         """Builds the state, then tells every hook; retries recoverable errors."""
@@ -166,7 +246,10 @@ class MonitoredSession:
                 self._state = self._init_fn()
                 self._step = self._initial_step
                 for hook in self._hooks:
-                    hook.after_create_session(self)
+                    try:
+                        hook.after_create_session(self)
+                    except Exception as error:
+                        self._hook_failed(hook, "after_create_session", self._step, error)
                 return
             except Exception as error:
                 if recovering is not None and isinstance(error, _StateGone):
@@ -188,18 +271,49 @@ class MonitoredSession:
         self._stop_requested = True
 
     def close(self) -> None:
-        """Ends the session: every hook's `end`, in order. A second call does nothing."""
+        """Ends the session: pending late results, every hook's `end`, then every hook's
+        `close`, in list order. A second call does nothing."""
         self._close(clean=True)
 
     def _close(self, clean: bool) -> None:
         if self._closed:
             return
+        self._closed = True
+        ok = False
         try:
             if clean:
+                self._deliver_late()
                 for hook in self._hooks:
-                    hook.end(self)
+                    try:
+                        hook.end(self)
+                    except Exception as error:
+                        self._hook_failed(hook, "end", self._step, error)
+            else:
+                self._quietly(self._deliver_late, "delivering the last late results")
+            ok = True
         finally:
-            self._closed = True
+            self._close_hooks(raise_errors=ok)
+
+    def _close_hooks(self, raise_errors: bool) -> None:
+        """Every hook's `close`, even when one fails; the first error is raised after."""
+        first = None
+        for hook in self._hooks:
+            try:
+                hook.close()
+            except Exception as error:
+                if not raise_errors or hook.on_error == "warn":
+                    logger.error("%r.close failed: %r", hook, error, exc_info=error)
+                elif first is None:
+                    error.add_note(f"(raised in {hook!r}.close)")
+                    first = error
+        if first is not None:
+            raise first
+
+    def _quietly(self, fn: Callable[[], None], what: str) -> None:
+        try:
+            fn()
+        except Exception as error:
+            logger.error("While closing after an error, %s failed: %r", what, error, exc_info=error)
 
     def __enter__(self) -> MonitoredSession:
         return self
@@ -267,6 +381,8 @@ def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
                 f"hooks[{i}] is {hook!r} of type {type(hook).__name__}, not a jaxmon Hook. "
                 "Subclass jm.Hook and override the events you need."
             )
+        if hook.on_error not in ("raise", "warn"):
+            raise ValueError(f"{hook!r} has on_error={hook.on_error!r}; use 'raise' (the default) or 'warn'.")
     return hooks
 
 

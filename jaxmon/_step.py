@@ -41,12 +41,13 @@ def check_step_fn(step_fn: Any) -> None:
 
 
 class CompiledStep:
-    """Jits `step_fn` with each distinct fetch set traced into the same program.
+    """Jits `step_fn` with each distinct set of fetch callables traced into the same program.
 
-    Calling it with a fetch-set key returns `(new_state, outputs, fetched)` where
-    `fetched` holds one value per spec in the key. Each key is compiled once (and
-    again only if the shapes of the state or batch change); `trace_count` counts
+    Calling it with a key (a tuple of callables) returns `(new_state, outputs,
+    fetched)` where `fetched` holds one value per callable. Each key is compiled once
+    (and again only if the shapes of the state or batch change); `trace_count` counts
     every trace, so tests can assert that nothing recompiles by accident.
+    `evaluate` computes fetches on a given state, batch and outputs without a step.
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True):
@@ -54,6 +55,7 @@ class CompiledStep:
         self._step_fn = step_fn
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
+        self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self.trace_count = 0
         self.output_names: tuple[str, ...] | None = None
 
@@ -80,17 +82,27 @@ class CompiledStep:
 
         return jax.jit(variant, donate_argnums=self._donate)
 
+    def evaluate(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, outputs: Any, owners: Mapping) -> tuple:
+        """The fetch callables of `key` on `(state, batch, outputs)`, jitted once per key."""
+        if not key:
+            return ()
+        evaluator = self._evaluators.get(key)
+        if evaluator is None:
+            owners = dict(owners)
 
-def _evaluate(spec: FetchSpec, owner: object, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
-    if not isinstance(spec, str):
+            def evaluator(state, batch, outputs):
+                return tuple(_evaluate(spec, owners[spec], state, batch, outputs) for spec in key)
+
+            evaluator = self._evaluators[key] = jax.jit(evaluator)
+        return evaluator(state, batch, outputs)
+
+
+def _evaluate(spec: Callable[..., Any], owner: object, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
+    try:
         return spec(state, batch, outputs)
-    if spec not in outputs:
-        raise ValueError(
-            f"{owner} fetches {spec!r}, which is not an output of the step function; "
-            f"its outputs are {sorted(outputs)}. Fetch one of those names, or a callable "
-            f"fn(state, batch, outputs)."
-        )
-    return outputs[spec]
+    except Exception as error:
+        error.add_note(f"(in the fetch {spec!r} of {owner})")
+        raise
 
 
 def _is_array(value: Any) -> bool:
