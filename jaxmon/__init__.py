@@ -1,6 +1,6 @@
 """jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
 
-from jaxmon._errors import AbortedError, UnavailableError
+from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
 from jaxmon._hook import (
     Hook,
     RunArgs,
@@ -13,16 +13,54 @@ from jaxmon._hook import (
 )
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
+from jaxmon._summary import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
-from jaxmon.hooks import StopAtStepHook
+from jaxmon.hooks import (
+    EarlyStoppingHook,
+    EvalHook,
+    FeedFnHook,
+    FinalOpsHook,
+    GlobalStepWaiterHook,
+    Histogram,
+    Image,
+    LoggingHook,
+    LoggingTensorHook,
+    NanHook,
+    NanTensorHook,
+    PeriodicHook,
+    ProfilerHook,
+    ProgressBarHook,
+    StepCounterHook,
+    StopAtStepHook,
+    SummarySaverHook,
+    Text,
+    latest_checkpoint_step,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AbortedError",
+    "EarlyStoppingHook",
+    "EvalHook",
+    "FeedFnHook",
+    "FinalOpsHook",
+    "GlobalStepWaiterHook",
+    "Histogram",
     "Hook",
+    "Image",
+    "JsonlWriter",
+    "LoggingHook",
+    "LoggingTensorHook",
     "MonitoredSession",
+    "MultiWriter",
+    "NanHook",
+    "NanLossDuringTrainingError",
+    "NanTensorHook",
     "NeverTriggerTimer",
+    "PeriodicHook",
+    "ProfilerHook",
+    "ProgressBarHook",
     "RunArgs",
     "RunContext",
     "RunValues",
@@ -31,7 +69,14 @@ __all__ = [
     "SessionRunContext",
     "SessionRunHook",
     "SessionRunValues",
+    "StepCounterHook",
     "StopAtStepHook",
+    "SummarySaverHook",
+    "SummaryWriter",
+    "SummaryWriterCache",
+    "TensorBoardWriter",
+    "Text",
     "TrainState",
     "UnavailableError",
+    "latest_checkpoint_step",
 ]

@@ -39,3 +39,18 @@ def is_recoverable(error: BaseException) -> bool:
     if isinstance(error, jax.errors.JaxRuntimeError):
         return str(error).lstrip().startswith(_RECOVERABLE_CODES)
     return False
+
+
+class NanLossDuringTrainingError(RuntimeError):
+    """A `NanHook` saw a non-finite loss; `step` and `value` say where and what."""
+
+    def __init__(self, message: str, *, step: int | None = None, value: object = None):
+        super().__init__(message)
+        self.step, self.value = step, value
+
+
+def check_on_error(owner: str, on_error: object) -> str:
+    """Returns `on_error` if it is a valid hook error policy, else raises `ValueError`."""
+    if on_error not in ("raise", "warn"):
+        raise ValueError(f"{owner} on_error must be 'raise' (the default) or 'warn'; got {on_error!r}.")
+    return on_error

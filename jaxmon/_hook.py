@@ -70,10 +70,13 @@ class RunValues:
       results: this hook's fetches as host NumPy, keyed by result name; None when
         the hook asked for none.
       step: the step number after this run.
+      outputs: the step's outputs as device arrays, unread (reading one, e.g. with
+        `np.asarray`, waits for the step; in a late `after_run` it is done already).
     """
 
     results: dict[str, Any] | None
     step: int
+    outputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Hook:

@@ -168,14 +168,15 @@ class MonitoredSession:
         self._last_run = (batch, outputs)
         caller, *results = plan.route(outputs, fetched)
         self._deliver_late()  # the previous run's: the device already has this one queued
-        now = [(hook, r) for (hook, late), r in zip(asked, results, strict=True) if not late]
-        if len(now) < len(asked):
-            self._late.append((ctx, self._step, [(hook, r) for (hook, late), r in zip(asked, results) if late]))
+        paired = list(zip(asked, results, strict=True))
+        now = [(hook, r) for (hook, late), r in paired if not late]
+        if len(now) < len(paired):
+            self._late.append((ctx, self._step, outputs, [(hook, r) for (hook, late), r in paired if late]))
         if caller is not None or any(r is not None for _, r in now):
             caller, host = jax.device_get((caller, [r for _, r in now]))
             now = [(hook, r) for (hook, _), r in zip(now, host, strict=True)]
         for hook, hook_results in now:
-            self._after_run(hook, ctx, RunValues(hook_results, self._step))
+            self._after_run(hook, ctx, RunValues(hook_results, self._step, outputs))
         self._stop_requested |= ctx.stop_requested
         return outputs if caller is None else caller
 
@@ -188,10 +189,10 @@ class MonitoredSession:
     def _deliver_late(self) -> None:
         """Calls the `after_run` of every run whose hooks asked for late delivery."""
         while self._late:
-            ctx, step, entries = self._late.popleft()
+            ctx, step, outputs, entries = self._late.popleft()
             host = jax.device_get([r for _, r in entries])
             for (hook, _), hook_results in zip(entries, host, strict=True):
-                self._after_run(hook, ctx, RunValues(hook_results, step))
+                self._after_run(hook, ctx, RunValues(hook_results, step, outputs))
             self._stop_requested |= ctx.stop_requested
 
     def sync(self) -> None:

@@ -98,3 +98,17 @@ class NeverTriggerTimer(SecondOrStepTimer):
 
     def __repr__(self) -> str:
         return "NeverTriggerTimer()"
+
+
+def timer_for(owner: str, clock: Callable[[], float], **every: float | int | None) -> SecondOrStepTimer:
+    """A hook's timer from its two interval arguments (steps first, seconds second),
+    with an error that names the hook and its own argument names."""
+    (steps_name, steps), (secs_name, secs) = every.items()
+    if (steps is None) == (secs is None):
+        raise ValueError(f"{owner} needs exactly one of {steps_name} and {secs_name}; got "
+                         f"{steps_name}={steps!r}, {secs_name}={secs!r}.")
+    if steps is not None:
+        check_int(f"{owner} {steps_name}", steps, minimum=1)
+    else:
+        check_number(f"{owner} {secs_name}", secs)
+    return SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)

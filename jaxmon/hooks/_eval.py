@@ -1,0 +1,232 @@
+"""Evaluation during training, and stopping when a metric stops improving."""
+
+from __future__ import annotations
+
+import collections.abc
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon import _fetches
+from jaxmon._errors import check_int, check_number, check_on_error
+from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._summary import WriterSlot
+from jaxmon._triggers import NeverTriggerTimer, timer_for
+from jaxmon.hooks._logging import show_info_logs
+
+logger = logging.getLogger("jaxmon")
+
+
+class EvalHook(Hook):
+    """Evaluates the state on validation data every N steps or seconds, and at the end.
+
+    `eval_fn(state, batch) -> {name: value}` (per-batch means, e.g. loss and accuracy)
+    is jitted once; each evaluation runs it over every batch of `data`, averages each
+    metric weighted by batch size (the leading dimension of the batch's arrays) on the
+    host in float64, writes the means as summaries `<prefix>/<name>` and logs them.
+    Give equal-sized batches (pad and mask the last) to compile once; `trace_count`
+    says how often it compiled. The first evaluation is N steps after the session
+    starts, not at its first step.
+
+    Args:
+      eval_fn: `eval_fn(state, batch) -> dict of scalars`, pure and jittable.
+      data: the validation batches, read in full at each evaluation: a list (or any
+        re-iterable collection), or a function returning a fresh iterable.
+      every_n_steps, every_n_secs: the period; give exactly one, or neither with
+        `at_end=True` to evaluate only at the end.
+      summary_writer, output_dir: where summaries go (optional; shared with the other
+        hooks writing to that directory).
+      prefix: tag prefix of the summaries.
+      at_end: also evaluate at `end`, unless the last step was just evaluated.
+      on_error: "raise" (default) or "warn".
+
+    Attributes:
+      latest: the last evaluation's metrics (floats), or None.
+      history: every evaluation as `(step, metrics)`.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> def eval_fn(state, batch):
+      ...     return {"loss": ((state * batch["x"] - batch["y"]) ** 2).mean()}
+      >>> hook = jm.EvalHook(eval_fn, data=[{"x": [1.0], "y": [2.0]}], every_n_steps=1000)
+    """
+
+    def __init__(self, eval_fn: Callable[[Any, Any], dict[str, Any]], data: Iterable[Any] | Callable[[], Iterable],
+                 every_n_steps: int | None = None, every_n_secs: float | None = None, summary_writer: Any = None,
+                 *, output_dir: str | os.PathLike | None = None, prefix: str = "eval", at_end: bool = True,
+                 on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
+        if not callable(eval_fn):
+            raise TypeError(f"EvalHook eval_fn must be a function eval_fn(state, batch) -> dict; got {eval_fn!r}.")
+        if isinstance(data, collections.abc.Iterator) or not (callable(data) or isinstance(data, Iterable)):
+            raise ValueError(f"EvalHook reads data again at every evaluation, so it needs a list of batches (or "
+                             f"another re-iterable collection) or a function returning a fresh iterable; got "
+                             f"{type(data).__name__}, which can be read only once.")
+        if every_n_steps is None and every_n_secs is None:
+            if not at_end:
+                raise ValueError("EvalHook needs every_n_steps= or every_n_secs= (or at_end=True to evaluate "
+                                 "only at the end).")
+            self._timer = NeverTriggerTimer()
+        else:
+            self._timer = timer_for("EvalHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self._slot = WriterSlot("EvalHook", output_dir, summary_writer, required=False)
+        self.eval_fn, self.data, self.prefix, self.at_end = eval_fn, data, prefix, at_end
+        self.on_error = check_on_error("EvalHook", on_error)
+        self.trace_count = 0
+        self._jitted = jax.jit(self._traced)
+        self.latest: dict[str, float] | None = None
+        self.history: list[tuple[int, dict[str, float]]] = []
+
+    def _traced(self, state: Any, batch: Any) -> Any:
+        self.trace_count += 1
+        return self.eval_fn(state, batch)
+
+    def begin(self) -> None:
+        show_info_logs()
+        self._slot.open()
+
+    def after_create_session(self, session) -> None:
+        self._timer.reset()
+        self._timer.update_last_triggered_step(session.step)  # the clock starts now
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self._timer.should_trigger_for_step(values.step):
+            self._timer.update_last_triggered_step(values.step)
+            self.evaluate(ctx.session)
+
+    def end(self, session) -> None:
+        if self.at_end and (not self.history or self.history[-1][0] != session.step):
+            self.evaluate(session)
+
+    def evaluate(self, session) -> dict[str, float]:
+        """Evaluates the session's current state now; returns the mean metrics."""
+        batches = self.data() if callable(self.data) else self.data
+        results, weights = [], []
+        for batch in batches:
+            results.append(self._jitted(session.state, batch))
+            weights.append(_weight(batch))
+        if not results:
+            raise ValueError("EvalHook data gave no batches; pass a non-empty list of validation batches.")
+        results = jax.device_get(results)
+        total = sum(weights)
+        means = {name: float(sum(np.float64(r[name]) * w for r, w in zip(results, weights, strict=True)) / total)
+                 for name in results[0]}
+        self.latest = means
+        self.history.append((session.step, means))
+        logger.info("%s at step %d: %s", self.prefix, session.step,
+                    ", ".join(f"{name} = {value:.6g}" for name, value in sorted(means.items())))
+        if self._slot.writer is not None:
+            self._slot.writer.write_scalars(session.step, {f"{self.prefix}/{k}": v for k, v in means.items()})
+        return means
+
+    def close(self) -> None:
+        self._slot.close()
+
+    def __repr__(self) -> str:
+        return f"EvalHook({getattr(self.eval_fn, '__qualname__', self.eval_fn)!r}, {self._timer!r})"
+
+
+def _weight(batch: Any) -> int:
+    sizes = {np.shape(leaf)[0] for leaf in jax.tree.leaves(batch) if np.ndim(leaf)}
+    return sizes.pop() if len(sizes) == 1 else 1
+
+
+class EarlyStoppingHook(Hook):
+    """Stops training when a metric has not improved for `patience` checks.
+
+    The metric comes from an `EvalHook` (`source=`; checked after each of its
+    evaluations — list the `EvalHook` first to act on the same step), or from the
+    training step's outputs (`fetch` an output name or a callable), checked every
+    `every_n_steps` steps (default 100) or `every_n_secs` seconds.
+
+    Args:
+      fetch: the metric: a name of the source's metrics or of the step's outputs, or
+        a callable `fn(state, batch, outputs)`.
+      mode: "min" (lower is better) or "max".
+      patience: how many checks without improvement to allow before stopping.
+      min_delta: the smallest change that counts as an improvement.
+      source: an `EvalHook` whose evaluations to watch.
+      baseline: a value the metric must beat to count as improving at all.
+
+    Attributes:
+      best, best_step: the best value so far and its step.
+      stopped_step: the step at which it stopped training, or None.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> evaluate = jm.EvalHook(lambda s, b: {"loss": s}, data=[0], every_n_steps=500)
+      >>> stop = jm.EarlyStoppingHook("loss", mode="min", patience=3, source=evaluate)
+    """
+
+    def __init__(self, fetch: Any, mode: str = "min", patience: int = 10, min_delta: float = 0.0, *,
+                 source: EvalHook | None = None, every_n_steps: int | None = None, every_n_secs: float | None = None,
+                 baseline: float | None = None, clock: Callable[[], float] = time.monotonic):
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStoppingHook mode must be 'min' or 'max'; got {mode!r}.")
+        check_int("EarlyStoppingHook patience", patience)
+        check_number("EarlyStoppingHook min_delta", min_delta)
+        if source is not None:
+            if not isinstance(source, EvalHook):
+                raise TypeError(f"EarlyStoppingHook source must be an EvalHook; got {source!r}.")
+            if not isinstance(fetch, str) or every_n_steps is not None or every_n_secs is not None:
+                raise ValueError("With source=, fetch names one of the EvalHook's metrics and the EvalHook's "
+                                 f"period applies; got fetch={fetch!r}, every_n_steps={every_n_steps!r}, "
+                                 f"every_n_secs={every_n_secs!r}.")
+            self._timer = None
+        else:
+            _fetches.normalize({"value": fetch}, "EarlyStoppingHook fetch")
+            if every_n_steps is None and every_n_secs is None:
+                every_n_steps = 100
+            self._timer = timer_for("EarlyStoppingHook", clock, every_n_steps=every_n_steps,
+                                    every_n_secs=every_n_secs)
+        self.fetch, self.mode, self.patience, self.min_delta = fetch, mode, patience, min_delta
+        self.source, self.baseline = source, baseline
+        self._fetches = {"value": fetch}
+        self.begin()
+
+    def begin(self) -> None:
+        self.best = self.baseline
+        self.best_step: int | None = None
+        self.stopped_step: int | None = None
+        self._waited = 0
+        self._seen = 0
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        if self._timer is None or not self._timer.should_trigger_for_step(ctx.step + 1):
+            return None
+        self._timer.update_last_triggered_step(ctx.step + 1)
+        return RunArgs(fetches=self._fetches)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self.source is not None:
+            if len(self.source.history) > self._seen:
+                self._seen = len(self.source.history)
+                step, metrics = self.source.history[-1]
+                if self.fetch not in metrics:
+                    raise ValueError(f"EarlyStoppingHook watches {self.fetch!r}, but {self.source!r} reports "
+                                     f"{sorted(metrics)}.")
+                self._check(ctx, step, metrics[self.fetch])
+        elif values.results is not None:
+            self._check(ctx, values.step, float(np.asarray(values.results["value"])))
+
+    def _check(self, ctx: RunContext, step: int, value: float) -> None:
+        better = (value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta) \
+            if self.best is not None else math.isfinite(value)
+        if better:
+            self.best, self.best_step, self._waited = value, step, 0
+            return
+        self._waited += 1
+        if self._waited >= max(self.patience, 1):
+            self.stopped_step = ctx.step + 1
+            logger.info("EarlyStoppingHook: %r has not improved by more than %g for %d checks (best %s at step "
+                        "%s); stopping at step %d.", self.fetch, self.min_delta, self._waited, self.best,
+                        self.best_step, self.stopped_step)
+            ctx.request_stop()
+
+    def __repr__(self) -> str:
+        return f"EarlyStoppingHook({self.fetch!r}, mode={self.mode!r}, patience={self.patience})"

@@ -1,0 +1,231 @@
+"""Hooks that write files for TensorBoard: summaries and profiler traces."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon import _fetches
+from jaxmon._errors import check_on_error
+from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._summary import WriterSlot
+from jaxmon._triggers import timer_for
+
+logger = logging.getLogger("jaxmon")
+
+
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+    """A histogram summary of a fetch (an output name or `fn(state, batch, outputs)`);
+    a pytree (e.g. the parameters) gives one histogram per leaf, tagged by its path."""
+
+    fetch: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """An image summary of a fetch: HW, HWC or NHWC, floats in [0, 1] or uint8."""
+
+    fetch: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A text summary: `format(value)` of a fetched value, on the host (e.g. decoding tokens)."""
+
+    fetch: Any
+    format: Callable[[Any], str] = str
+
+
+_KINDS = {Histogram: "histograms", Image: "images", Text: "texts"}
+
+
+class SummarySaverHook(Hook):
+    """Writes summaries every N steps or seconds: every scalar output of the step, plus
+    the extra summaries asked for (TF's `SummarySaverHook`).
+
+    The first run always writes; then every `save_steps` steps (steps 1, 9, 17, ... for
+    `save_steps=8`) or `save_secs` seconds. Values are read one run late, so writing
+    never makes the device wait, and scalar outputs are read from the outputs as they
+    are (nothing recompiles for them). Tags are the output names as they are.
+
+    Args:
+      save_steps, save_secs: the period; give exactly one.
+      output_dir: a directory for TensorBoard event files and `metrics.jsonl` (shared
+        with the other hooks writing there), or
+      summary_writer: any `SummaryWriter`.
+      summaries: extra summaries `{tag: spec}`; a spec is an output name or a callable
+        `fn(state, batch, outputs)` for scalars (a pytree of scalars is tagged
+        `tag/path`), or `jm.Histogram(fetch)`, `jm.Image(fetch)`, `jm.Text(fetch, format)`.
+      hparams: hyper-parameters (a possibly nested dict), written once.
+      output_scalars: write the step's scalar outputs (default True).
+      on_error: "raise" (default) or "warn" (keep training if writing fails).
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.SummarySaverHook(save_steps=100, output_dir="runs/example", summaries={
+      ...     "params": jm.Histogram(lambda state, batch, outputs: state.params)})
+    """
+
+    def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
+                 output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
+                 summaries: Mapping[str, Any] | None = None, *, hparams: Mapping[str, Any] | None = None,
+                 output_scalars: bool = True, on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
+        self._timer = timer_for("SummarySaverHook", clock, save_steps=save_steps, save_secs=save_secs)
+        self._slot = WriterSlot("SummarySaverHook", output_dir, summary_writer, required=True)
+        if summaries is not None and not isinstance(summaries, Mapping):
+            raise TypeError(f"SummarySaverHook summaries must be a dict {{tag: spec}}; got {summaries!r}.")
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise TypeError(f"SummarySaverHook hparams must be a dict; got {hparams!r}.")
+        self.summaries = dict(summaries or {})
+        self._kinds = {tag: _KINDS.get(type(spec), "scalars") for tag, spec in self.summaries.items()}
+        self._fetches = _fetches.normalize(
+            {tag: spec.fetch if isinstance(spec, tuple(_KINDS)) else spec for tag, spec in self.summaries.items()},
+            "SummarySaverHook summaries")
+        self.hparams, self.output_scalars = hparams, output_scalars
+        self.on_error = check_on_error("SummarySaverHook", on_error)
+        self._hparams_written = False
+
+    def begin(self) -> None:
+        self._slot.open()
+
+    def after_create_session(self, session) -> None:
+        if self.hparams and not self._hparams_written:
+            self._slot.writer.write_hparams(self.hparams)
+            self._hparams_written = True
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        if not self._timer.should_trigger_for_step(ctx.step + 1):
+            return None
+        self._timer.update_last_triggered_step(ctx.step + 1)
+        return RunArgs(fetches=self._fetches or {}, late=True)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if values.results is None:
+            return
+        groups: dict[str, dict[str, Any]] = {"scalars": {}, "histograms": {}, "images": {}, "texts": {}}
+        if self.output_scalars:
+            scalars = {tag: value for tag, value in values.outputs.items() if np.ndim(value) == 0}
+            groups["scalars"].update(jax.device_get(scalars))
+        for tag, value in values.results.items():
+            kind = self._kinds[tag]
+            if kind == "texts":
+                groups[kind][tag] = self.summaries[tag].format(value)
+            elif kind == "images":
+                groups[kind][tag] = value
+            else:
+                groups[kind].update(_by_path(tag, value))
+        bad = {tag: np.shape(v) for tag, v in groups["scalars"].items() if np.size(v) != 1}
+        if bad:
+            raise ValueError(f"SummarySaverHook: scalar summaries must be single values; got shapes {bad}. "
+                             "Wrap array summaries in jm.Histogram(...) or jm.Image(...).")
+        writer = self._slot.writer
+        for kind, group in groups.items():
+            if group:
+                getattr(writer, f"write_{kind}")(values.step, group)
+
+    def end(self, session) -> None:
+        if self._slot.writer is not None:
+            self._slot.writer.flush()
+
+    def close(self) -> None:
+        self._slot.close()
+
+    def __repr__(self) -> str:
+        return f"SummarySaverHook({self._timer!r}, tags={sorted(self.summaries)})"
+
+
+def _by_path(tag: str, tree: Any) -> dict[str, Any]:
+    """Leaves of a pytree of values, tagged `tag/path/to/leaf` (just `tag` for a leaf)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    if len(leaves) == 1 and not leaves[0][0]:
+        return {tag: leaves[0][1]}
+    return {"/".join([tag, *(_key(k) for k in path)]): leaf for path, leaf in leaves}
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, (jax.tree_util.DictKey, jax.tree_util.FlattenedIndexKey)):
+        return str(key.key)
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return key.name
+    return str(key)
+
+
+class ProfilerHook(Hook):
+    """Traces one step every N steps or seconds with `jax.profiler`, never the first.
+
+    Each trace goes to `output_dir/plugins/profile/step_<N>/`, the layout TensorBoard's
+    profile plugin reads (`tensorboard --logdir output_dir`); a Chrome trace
+    (`*.trace.json.gz`) sits beside it. The traced step is waited for, so that the
+    trace holds its device work; other steps are untouched.
+
+    Args:
+      save_steps, save_secs: the period; give exactly one.
+      output_dir: where traces go.
+      on_error: "raise" (default) or "warn" (keep training if tracing fails).
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.ProfilerHook(save_steps=1000, output_dir="runs/example")
+    """
+
+    def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
+                 output_dir: str | os.PathLike = "", *, on_error: str = "raise",
+                 clock: Callable[[], float] = time.monotonic):
+        self._timer = timer_for("ProfilerHook", clock, save_steps=save_steps, save_secs=save_secs)
+        if not output_dir:
+            raise ValueError("ProfilerHook needs output_dir= (a directory for the traces).")
+        self.output_dir = os.fspath(output_dir)
+        self.on_error = check_on_error("ProfilerHook", on_error)
+        self._first = True
+        self._tracing: int | None = None
+        self.traced_steps: list[int] = []
+
+    def begin(self) -> None:
+        self._first, self._tracing = True, None
+
+    def before_run(self, ctx: RunContext) -> None:
+        step = ctx.step + 1
+        if self._first:  # the first run only starts the timer: it would trace the compilation
+            self._first = False
+            self._timer.update_last_triggered_step(ctx.step)
+        elif self._timer.should_trigger_for_step(step):
+            os.makedirs(self.output_dir, exist_ok=True)
+            jax.profiler.start_trace(self.output_dir)
+            self._tracing = step
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self._tracing is None:
+            return
+        jax.block_until_ready(ctx.session.state)
+        self._stop(values.step)
+        self._timer.update_last_triggered_step(values.step)
+
+    def _stop(self, step: int) -> None:
+        self._tracing = None
+        jax.profiler.stop_trace()
+        profile = os.path.join(self.output_dir, "plugins", "profile")
+        runs = [name for name in os.listdir(profile) if not name.startswith("step_")]
+        newest = max(runs, key=lambda name: os.path.getmtime(os.path.join(profile, name)))
+        target = os.path.join(profile, f"step_{step}")
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(os.path.join(profile, newest), target)
+        self.traced_steps.append(step)
+        logger.info("Profiler trace of step %d written to %s", step, target)
+
+    def close(self) -> None:
+        if self._tracing is not None:  # an error ended the traced run: keep what was traced
+            self._stop(self._tracing)
+
+    def __repr__(self) -> str:
+        return f"ProfilerHook({self._timer!r}, output_dir={self.output_dir!r})"
