@@ -67,6 +67,8 @@ class FetchPlan:
 
     def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> list[dict[str, Any] | None]:
         """One result dict (device values) per requester, None for those that asked none."""
+        if len(self._requests) == 1 and self._requests[0][1] is None:
+            return [None]  # the common case: nobody fetches
         if not self.owners:
             return [None if request is None else {} for _, request in self._requests]
         values = dict(zip(self.key, fetched, strict=True))

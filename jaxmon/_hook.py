@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from jaxmon._session import MonitoredSession
@@ -12,9 +13,8 @@ if TYPE_CHECKING:
 Fetches = Mapping[str, "str | Callable[..., Any]"] | Sequence[str] | str | None
 
 
-@dataclasses.dataclass(frozen=True)
-class RunArgs:
-    """What a hook's `before_run` asks of one run (TF's `SessionRunArgs`).
+class RunArgs(NamedTuple):
+    """What a hook's `before_run` asks of one run (TF's `SessionRunArgs`); immutable.
 
     Attributes:
       fetches: values to compute inside the same compiled step and deliver to the
@@ -62,9 +62,8 @@ class RunContext:
         self._stop_requested = True
 
 
-@dataclasses.dataclass(frozen=True)
-class RunValues:
-    """What one run produced for a hook.
+class RunValues(NamedTuple):
+    """What one run produced for a hook; immutable.
 
     Attributes:
       results: this hook's fetches as host NumPy, keyed by result name; None when
@@ -76,7 +75,7 @@ class RunValues:
 
     results: dict[str, Any] | None
     step: int
-    outputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    outputs: Mapping[str, Any] = types.MappingProxyType({})
 
 
 class Hook:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxmon import _errors, _fetches
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
@@ -99,12 +100,17 @@ class MonitoredSession:
         self._last_run: tuple[Any, Any] = (None, {})
         self._late: collections.deque = collections.deque()
         self._hook_failures: dict[int, int] = {}
-        for hook in self._hooks:
-            try:
-                hook.begin()
-            except Exception as error:
-                self._hook_failed(hook, "begin", initial_step, error)
-        self._create_state()
+        try:
+            for hook in self._hooks:
+                try:
+                    hook.begin()
+                except Exception as error:
+                    self._hook_failed(hook, "begin", initial_step, error)
+            self._create_state()
+        except BaseException:
+            self._closed = True
+            self._close_hooks(raise_errors=False)  # release what begin() opened
+            raise
 
     # -- the loop -------------------------------------------------------------------
 
@@ -150,50 +156,66 @@ class MonitoredSession:
 
     def _run_hooked(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         ctx = RunContext(self._step, self, RunArgs(fetches, batch))
-        requests: list[tuple[object, dict | None]] = [("run(fetches=...)", wanted)]
-        feeds, asked = [], []
+        now: list[list] = []  # [hook, results] of the hooks whose after_run follows this run, in order
+        late: list[list] = []  # ... and of those asking for late delivery
+        asking: list[tuple[list, RunArgs]] = []  # those fetching or feeding
         for hook in self._hooks:
             try:
-                args = _check_run_args(hook.before_run(ctx), hook)
+                args = hook.before_run(ctx)
+                if args is not None:
+                    args = _check_run_args(args, hook)
             except Exception as error:
-                self._hook_failed(hook, "before_run", ctx.step, error)
-                continue  # a failing hook whose policy is to warn sits this run out
-            asked.append((hook, args.late))
-            requests.append((hook, _fetches.normalize(args.fetches, hook)))
-            feeds.append((hook, args.feeds or {}))
-        batch = _merge_feeds(batch, feeds)
-        plan = _fetches.FetchPlan(requests)
+                self._hook_failed(hook, "before_run", ctx.step, error)  # a warn-policy hook sits out
+                continue
+            entry = [hook, None]
+            if args is None:
+                now.append(entry)
+                continue
+            (late if args.late else now).append(entry)
+            if args.fetches is not None or args.feeds:
+                asking.append((entry, args))
+        plan, fetching = _NOTHING_FETCHED, []
+        if asking:
+            batch = _merge_feeds(batch, [(entry[0], args.feeds) for entry, args in asking if args.feeds])
+            fetching = [(entry, _fetches.normalize(args.fetches, entry[0]))
+                        for entry, args in asking if args.fetches is not None]
+            if fetching:
+                plan = _fetches.FetchPlan([("run(fetches=...)", wanted)] + [(e[0], spec) for e, spec in fetching])
+        elif wanted is not None:
+            plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
         self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
         self._step += 1
         self._last_run = (batch, outputs)
         caller, *results = plan.route(outputs, fetched)
+        for (entry, _), hook_results in zip(fetching, results, strict=True):
+            entry[1] = hook_results
         self._deliver_late()  # the previous run's: the device already has this one queued
-        paired = list(zip(asked, results, strict=True))
-        now = [(hook, r) for (hook, late), r in paired if not late]
-        if len(now) < len(paired):
-            self._late.append((ctx, self._step, outputs, [(hook, r) for (hook, late), r in paired if late]))
-        if caller is not None or any(r is not None for _, r in now):
-            caller, host = jax.device_get((caller, [r for _, r in now]))
-            now = [(hook, r) for (hook, _), r in zip(now, host, strict=True)]
-        for hook, hook_results in now:
-            self._after_run(hook, ctx, RunValues(hook_results, self._step, outputs))
-        self._stop_requested |= ctx.stop_requested
+        if late:
+            self._late.append((ctx, self._step, outputs, late))
+        if caller is not None or (fetching and any(entry[1] is not None for entry in now)):
+            caller, host = _to_host((caller, [entry[1] for entry in now]))
+            for entry, hook_results in zip(now, host, strict=True):
+                entry[1] = hook_results
+        self._call_after_run(ctx, self._step, outputs, now)
         return outputs if caller is None else caller
 
-    def _after_run(self, hook: Hook, ctx: RunContext, values: RunValues) -> None:
-        try:
-            hook.after_run(ctx, values)
-        except Exception as error:
-            self._hook_failed(hook, "after_run", values.step, error)
+    def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
+        plain = RunValues(None, step, outputs)
+        for hook, results in entries:
+            try:
+                hook.after_run(ctx, plain if results is None else RunValues(results, step, outputs))
+            except Exception as error:
+                self._hook_failed(hook, "after_run", step, error)
+        self._stop_requested |= ctx.stop_requested
 
     def _deliver_late(self) -> None:
         """Calls the `after_run` of every run whose hooks asked for late delivery."""
         while self._late:
             ctx, step, outputs, entries = self._late.popleft()
-            host = jax.device_get([r for _, r in entries])
-            for (hook, _), hook_results in zip(entries, host, strict=True):
-                self._after_run(hook, ctx, RunValues(hook_results, step, outputs))
-            self._stop_requested |= ctx.stop_requested
+            if any(entry[1] is not None for entry in entries):
+                host = _to_host([entry[1] for entry in entries])
+                entries = [[entry[0], r] for entry, r in zip(entries, host, strict=True)]
+            self._call_after_run(ctx, step, outputs, entries)
 
     def sync(self) -> None:
         """Delivers every pending late `after_run` now (see `RunArgs.late`).
@@ -293,7 +315,7 @@ class MonitoredSession:
                 self._quietly(self._deliver_late, "delivering the last late results")
             ok = True
         finally:
-            self._close_hooks(raise_errors=ok)
+            self._close_hooks(raise_errors=ok and clean)
 
     def _close_hooks(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""
@@ -350,6 +372,17 @@ class MonitoredSession:
         """How many times the step was traced and compiled: once per distinct fetch set
         (and again only when the shapes of the state or batch change)."""
         return self._compiled.trace_count
+
+
+_NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
+
+
+def _to_host(values: Any) -> Any:
+    """`jax.device_get`, with a fast path for the common few single arrays."""
+    leaves, tree = jax.tree.flatten(values)
+    if len(leaves) > 4:
+        return jax.device_get(values)
+    return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
 
 
 class _StateGone(RuntimeError):

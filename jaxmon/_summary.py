@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -11,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+_FILE_NUMBERS = itertools.count()
 
 
 @runtime_checkable
@@ -27,10 +30,12 @@ class SummaryWriter(Protocol):
 
 
 class TensorBoardWriter:
-    """Writes TensorBoard event files into `logdir` with tensorboardX.
+    """Writes TensorBoard event files into `logdir` (tensorboardX's protos and record
+    writer, written in the calling thread: no queue, no background thread).
 
-    Images are HW, HWC or NHWC arrays, floats in [0, 1] or uint8. Hyper-parameters go
-    to the HParams dashboard and, as a markdown table, to the text dashboard.
+    All values of one call go into one event. Images are HW, HWC or NHWC arrays, floats
+    in [0, 1] or uint8. Hyper-parameters go to the HParams dashboard and, as a markdown
+    table, to the text dashboard.
 
     Example:
       >>> import tempfile
@@ -39,46 +44,59 @@ class TensorBoardWriter:
       >>> writer.close()
     """
 
-    def __init__(self, logdir: str | os.PathLike, flush_secs: float = 10):
-        from tensorboardX import SummaryWriter as _TBX
+    def __init__(self, logdir: str | os.PathLike):
+        from tensorboardX.event_file_writer import EventsWriter
 
         self.logdir = os.fspath(logdir)
-        self._writer = _TBX(self.logdir, flush_secs=flush_secs)
+        os.makedirs(self.logdir, exist_ok=True)
+        # A unique suffix: two writers opened in one second must not share a file name.
+        self._events = EventsWriter(os.path.join(self.logdir, "events"), f".{os.getpid()}.{next(_FILE_NUMBERS)}")
+
+    def _write(self, step: int, values: Sequence[Any]) -> None:
+        from tensorboardX.proto import event_pb2, summary_pb2
+
+        summary = summary_pb2.Summary(value=values)
+        self._events.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        for tag, value in scalars.items():
-            self._writer.add_scalar(tag, float(value), step)
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        self._write(step, [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()])
 
     def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
-        for tag, value in arrays.items():
-            self._writer.add_histogram(tag, np.asarray(value, np.float64).ravel(), step)
+        from tensorboardX import summary
+
+        self._write(step, [value for tag, array in arrays.items() for value in
+                           summary.histogram(tag, np.asarray(array, np.float64).ravel(), "auto").value])
 
     def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None:
+        from tensorboardX import summary
+
+        values = []
         for tag, image in images.items():
             image = _image(tag, image)
-            if image.ndim == 4:
-                self._writer.add_images(tag, image, step, dataformats="NHWC")
-            else:
-                self._writer.add_image(tag, image, step, dataformats="HWC")
+            values += summary.image(tag, image, dataformats="NHWC" if image.ndim == 4 else "HWC").value
+        self._write(step, values)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        for tag, text in texts.items():
-            self._writer.add_text(tag, str(text), step)
+        from tensorboardX import summary
+
+        self._write(step, [value for tag, text in texts.items() for value in summary.text(tag, str(text)).value])
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        from tensorboardX.summary import hparams as _hparams
+        from tensorboardX import summary
 
         flat = {key: _hparam_value(value) for key, value in _flatten_dict(hparams).items()}
-        for summary in _hparams(flat, {}):
-            self._writer.file_writer.add_summary(summary)
+        for part in summary.hparams(flat, {}):
+            self._write(0, list(part.value))
         table = "\n".join(["| name | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in flat.items())])
-        self._writer.add_text("hparams", table, 0)
+        self.write_texts(0, {"hparams": table})
 
     def flush(self) -> None:
-        self._writer.flush()
+        self._events.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        self._events.close()
 
     def __repr__(self) -> str:
         return f"TensorBoardWriter({self.logdir!r})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -39,14 +40,24 @@ class NanHook(Hook):
 
     def __init__(self, fetch: Any = "loss", fail_on_nan_loss: bool = True):
         _fetches.normalize({"value": fetch}, "NanHook fetch")
-        self._fetches = {"value": fetch}
         self.fetch, self.fail_on_nan_loss = fetch, fail_on_nan_loss
+        # An output name is read from the outputs as they are: nothing to fetch, per step
+        # the hook costs one late call and one read of a finished array.
+        self._args = RunArgs(late=True) if isinstance(fetch, str) else RunArgs({"value": fetch}, late=True)
 
     def before_run(self, ctx: RunContext) -> RunArgs:
-        return RunArgs(fetches=self._fetches, late=True)
+        return self._args
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        value = np.asarray(values.results["value"])
+        if isinstance(self.fetch, str):
+            if self.fetch not in values.outputs:
+                raise ValueError(f"NanHook checks {self.fetch!r}, which is not an output of the step function; "
+                                 f"its outputs are {sorted(values.outputs)}. Pass NanHook(fetch=<the loss's name>).")
+            value = np.asarray(values.outputs[self.fetch])
+        else:
+            value = np.asarray(values.results["value"])
+        if value.ndim == 0 and math.isfinite(value):
+            return
         finite = np.isfinite(value)
         if finite.all():
             return
@@ -101,7 +112,7 @@ class FinalOpsHook(Hook):
     """
 
     def __init__(self, final_fetches: Any):
-        if _fetches.normalize(final_fetches, "FinalOpsHook final_fetches") is None:
+        if not _fetches.normalize(final_fetches, "FinalOpsHook final_fetches"):
             raise ValueError("FinalOpsHook needs final_fetches: an output name, a list of names, or a dict.")
         self.final_fetches = final_fetches
         self._final_values: dict[str, Any] | None = None

@@ -113,6 +113,10 @@ class EvalHook(Hook):
         if not results:
             raise ValueError("EvalHook data gave no batches; pass a non-empty list of validation batches.")
         results = jax.device_get(results)
+        shapes = {name: np.shape(value) for name, value in results[0].items() if np.size(value) != 1}
+        if shapes:
+            raise ValueError(f"EvalHook eval_fn must return a dict of scalars (per-batch means); got shapes {shapes}. "
+                             "Reduce each metric over the batch, e.g. with .mean().")
         total = sum(weights)
         means = {name: float(sum(np.float64(r[name]) * w for r, w in zip(results, weights, strict=True)) / total)
                  for name in results[0]}
@@ -212,7 +216,11 @@ class EarlyStoppingHook(Hook):
                                      f"{sorted(metrics)}.")
                 self._check(ctx, step, metrics[self.fetch])
         elif values.results is not None:
-            self._check(ctx, values.step, float(np.asarray(values.results["value"])))
+            value = np.asarray(values.results["value"])
+            if value.size != 1:
+                raise ValueError(f"EarlyStoppingHook watches {self.fetch!r}, which has shape {value.shape}; "
+                                 "it needs a single value (reduce it, e.g. fetch a callable returning its mean).")
+            self._check(ctx, values.step, value.item())
 
     def _check(self, ctx: RunContext, step: int, value: float) -> None:
         better = (value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta) \

@@ -95,6 +95,7 @@ class SummarySaverHook(Hook):
         self._hparams_written = False
 
     def begin(self) -> None:
+        self._timer.reset()  # a new session writes at its first step
         self._slot.open()
 
     def after_create_session(self, session) -> None:
@@ -193,6 +194,10 @@ class ProfilerHook(Hook):
 
     def begin(self) -> None:
         self._first, self._tracing = True, None
+
+    def after_create_session(self, session) -> None:
+        if self._tracing is not None:  # a recovery interrupted the traced run
+            self._stop(self._tracing)
 
     def before_run(self, ctx: RunContext) -> None:
         step = ctx.step + 1

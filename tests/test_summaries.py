@@ -1,0 +1,550 @@
+"""Summary writing and profiling, read back from the real files (reference 2.7, 2.11; checklist L1-L3, L7)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import RecordingHook, count_step, zero
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import jaxmon as jm
+from jaxmon._summary import SummaryWriterCache
+
+SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+
+
+class FakeClock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+# a writer of one's own, recording every call
+class RecordingWriter:
+    def __init__(self):
+        self.calls = []
+
+    def write_scalars(self, step, scalars):
+        self.calls.append(("scalars", step, {k: float(v) for k, v in scalars.items()}))
+
+    def write_histograms(self, step, arrays):
+        self.calls.append(("histograms", step, dict(arrays)))
+
+    def write_images(self, step, images):
+        self.calls.append(("images", step, dict(images)))
+
+    def write_texts(self, step, texts):
+        self.calls.append(("texts", step, dict(texts)))
+
+    def write_hparams(self, hparams):
+        self.calls.append(("hparams", None, dict(hparams)))
+
+    def flush(self):
+        self.calls.append(("flush",))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def step(state, batch):
+    state = state + 1.0
+    return state, {"loss": state * 2, "acc": state / 10, "vec": jnp.ones(3) * state}
+
+
+def init_fn():
+    return jnp.zeros((), jnp.float32)
+
+
+def square_plus_one(state, batch, outputs):
+    return state**2 + 1
+
+
+def run_session(hooks, runs, clock=None, dt=0.0):
+    """Runs `runs` steps (advancing `clock` by `dt` after each) and closes the session."""
+    with jm.MonitoredSession(step, init_fn, hooks=hooks) as sess:
+        for _ in range(runs):
+            sess.run()
+            if clock is not None:
+                clock.t += dt
+    return sess
+
+
+def events(logdir):
+    acc = EventAccumulator(str(logdir), size_guidance=SIZE_GUIDANCE)
+    acc.Reload()
+    return acc
+
+
+def scalars(acc, tag):
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def event_files(logdir):
+    return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
+
+
+# -- argument checks (L1) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"save_steps": 1}, ValueError),  # neither output_dir nor summary_writer
+    ({"save_steps": 1, "output_dir": "x", "summary_writer": RecordingWriter()}, ValueError),
+    ({"output_dir": "x"}, ValueError),  # neither save_steps nor save_secs
+    ({"save_steps": 1, "save_secs": 1.0, "output_dir": "x"}, ValueError),
+    ({"save_steps": 1, "summary_writer": object()}, TypeError),
+    ({"save_steps": 1, "output_dir": "x", "summaries": ["loss"]}, TypeError),
+    ({"save_steps": 1, "output_dir": "x", "summaries": "loss"}, TypeError),
+])
+def test_summary_saver_hook_checks_its_arguments(kwargs, error):
+    with pytest.raises(error):
+        jm.SummarySaverHook(**kwargs)
+
+
+def test_a_writer_with_only_some_of_the_protocol_methods_is_a_type_error():
+    class Partial:
+        def write_scalars(self, step, scalars):
+            pass
+
+        def flush(self):
+            pass
+
+    with pytest.raises(TypeError, match="SummaryWriter"):
+        jm.SummarySaverHook(save_steps=1, summary_writer=Partial())
+
+
+# -- when summaries are written (L2, L3) ---------------------------------------------
+
+
+def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_9_17_25(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"sq": square_plus_one})
+    sess = run_session([hook], 30)
+    assert sess.step == 30
+    acc = events(tmp_path)
+    steps = [1, 9, 17, 25]
+    assert set(acc.Tags()["scalars"]) == {"loss", "acc", "sq"}  # "vec" is not a scalar: not written
+    assert [s for s, _ in scalars(acc, "loss")] == steps
+    assert [v for _, v in scalars(acc, "loss")] == pytest.approx([2.0 * s for s in steps])
+    assert [s for s, _ in scalars(acc, "acc")] == steps
+    assert [v for _, v in scalars(acc, "acc")] == pytest.approx([s / 10 for s in steps], rel=1e-6)
+    assert scalars(acc, "sq") == [(s, pytest.approx(s * s + 1.0)) for s in steps]
+    lines = jsonl(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in lines] == steps
+    assert all("vec" not in line for line in lines)
+    assert [line["sq"] for line in lines] == pytest.approx([s * s + 1.0 for s in steps])
+
+
+EVALUATIONS = []
+
+
+def counted(state, batch, outputs):
+    jax.debug.callback(lambda value: EVALUATIONS.append(float(value)), state)
+    return state * 3
+
+
+def test_an_extra_summary_is_computed_only_on_the_steps_it_is_written(tmp_path):  # L2: counter reads 1, 2, 3, 4
+    EVALUATIONS.clear()
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted})
+    sess = run_session([hook], 30)
+    jax.effects_barrier()
+    assert EVALUATIONS == [1.0, 9.0, 17.0, 25.0]
+    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (9, 27.0), (17, 51.0), (25, 75.0)]
+    assert sess.compile_count == 2  # one variant with the summary, one without
+
+
+def metrics(state, batch, outputs):
+    return {"double": outputs["loss"], "half": {"x": state / 2}}
+
+
+def test_a_pytree_of_scalars_is_tagged_by_path(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"m": metrics, "l": "loss"})
+    run_session([hook], 3)
+    acc = events(tmp_path)
+    assert scalars(acc, "m/double") == [(1, 2.0), (3, 6.0)]
+    assert scalars(acc, "m/half/x") == [(1, 0.5), (3, 1.5)]
+    assert scalars(acc, "l") == [(1, 2.0), (3, 6.0)]
+
+
+def test_a_hook_used_again_in_a_new_session_writes_at_its_first_step(tmp_path):  # 2.7: begin resets the timer
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)
+    run_session([hook], 10)
+    with jm.MonitoredSession(step, init_fn, hooks=[hook], initial_step=10) as sess:
+        for _ in range(3):
+            sess.run()
+    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 9, 11]
+
+
+def test_save_secs_half_a_second_with_half_a_second_per_run_writes_every_step(tmp_path):
+    clock = FakeClock()
+    hook = jm.SummarySaverHook(save_secs=0.5, output_dir=tmp_path, clock=clock)
+    run_session([hook], 4, clock=clock, dt=0.5)
+    assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 2, 3, 4]
+
+
+def test_save_secs_nine_with_3_1_seconds_per_run_writes_steps_1_4_7(tmp_path):
+    clock = FakeClock()
+    hook = jm.SummarySaverHook(save_secs=9, output_dir=tmp_path, clock=clock)
+    run_session([hook], 8, clock=clock, dt=3.1)
+    assert scalars(events(tmp_path), "loss") == [(1, 2.0), (4, 8.0), (7, 14.0)]
+    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 4, 7]
+
+
+# -- summary kinds ---------------------------------------------------------------------
+
+
+def params(state, batch, outputs):
+    return {"w": jnp.arange(4.0) * state, "b": state}
+
+
+def picture(state, batch, outputs):
+    return jnp.ones((6, 8, 3)) * (state / 10)
+
+
+def test_histogram_image_and_text_summaries(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=4, output_dir=tmp_path, summaries={
+        "params": jm.Histogram(params),
+        "img": jm.Image(picture),
+        "note": jm.Text("loss", lambda v: f"loss is {float(v):.1f}"),
+    })
+    run_session([hook], 6)
+    acc = events(tmp_path)
+    assert {"params/w", "params/b"} <= set(acc.Tags()["histograms"])
+    w = acc.Histograms("params/w")
+    assert [e.step for e in w] == [1, 5]
+    assert [(e.histogram_value.num, e.histogram_value.min, e.histogram_value.max) for e in w] == [
+        (4, 0.0, 3.0), (4, 0.0, 15.0)]
+    b = acc.Histograms("params/b")
+    assert [(e.step, e.histogram_value.num, e.histogram_value.sum) for e in b] == [(1, 1, 1.0), (5, 1, 5.0)]
+    images = acc.Images("img")
+    assert [(e.step, e.width, e.height) for e in images] == [(1, 8, 6), (5, 8, 6)]
+    assert "note/text_summary" in acc.Tags()["tensors"]
+    texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors("note/text_summary")]
+    assert texts == [(1, "loss is 2.0"), (5, "loss is 10.0")]
+    # histograms and images stay out of the JSON lines; text goes on the step's line
+    lines = jsonl(tmp_path / "metrics.jsonl")
+    assert [(line["step"], line["note"]) for line in lines] == [(1, "loss is 2.0"), (5, "loss is 10.0")]
+    assert not any(key.startswith(("params", "img")) for line in lines for key in line)
+
+
+def flat_picture(state, batch, outputs):
+    return jnp.ones((6, 8, 2)) * state
+
+
+def test_an_image_of_the_wrong_shape_is_a_value_error(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"img": jm.Image(flat_picture)})
+    with pytest.raises(ValueError, match=r"\(6, 8, 2\)"):
+        run_session([hook], 3)
+
+
+def test_a_non_scalar_plain_summary_is_a_value_error_naming_the_shape(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"v": "vec"})
+    with pytest.raises(ValueError, match=r"\(3,\)") as info:
+        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+            for _ in range(3):
+                sess.run()
+    assert "jm.Histogram" in str(info.value)
+    assert sess.step == 2  # step 1's values are read (and rejected) during run 2
+    assert any("after_run at step 1" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_a_non_scalar_plain_summary_with_on_error_warn_logs_and_training_goes_on(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jaxmon")
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"v": "vec"}, on_error="warn")
+    sess = run_session([hook], 5)
+    assert sess.step == 5
+    warnings = [r for r in caplog.records if r.name == "jaxmon" and r.levelno == logging.WARNING]
+    assert warnings
+    assert any("SummarySaverHook" in r.getMessage() and "(3,)" in r.getMessage() for r in warnings)
+
+
+# -- hyper-parameters ----------------------------------------------------------------
+
+
+def test_hparams_are_written_once_even_after_a_recovery(tmp_path):
+    hparams = {"lr": 0.1, "opt": {"name": "adam"}}
+    aborter = RecordingHook(raise_in={"before_run": (3, jm.AbortedError("x"))})
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, hparams=hparams)
+    with jm.MonitoredSession(step, init_fn, hooks=[aborter, hook]) as sess:
+        path = tmp_path / "hparams.json"
+        first = path.read_text()
+        assert json.loads(first) == {"lr": 0.1, "opt.name": "adam"}
+        for _ in range(5):
+            sess.run()
+    assert aborter.calls["after_create_session"] == 2  # the recovery happened
+    assert path.read_text() == first
+    acc = events(tmp_path)
+    assert "hparams/text_summary" in acc.Tags()["tensors"]
+    table = acc.Tensors("hparams/text_summary")
+    assert len(table) == 1
+    text = table[0].tensor_proto.string_val[0].decode()
+    assert "lr" in text and "0.1" in text and "opt.name" in text and "adam" in text
+    assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")  # the HParams dashboard
+
+
+# -- JSON lines --------------------------------------------------------------------------
+
+
+def test_two_hooks_writing_one_step_share_one_jsonl_line(tmp_path):
+    clock = FakeClock()
+    hooks = [
+        jm.SummarySaverHook(save_steps=1, output_dir=tmp_path),
+        jm.StepCounterHook(every_n_steps=1, output_dir=tmp_path, clock=clock),
+    ]
+    run_session(hooks, 6, clock=clock, dt=0.5)
+    lines = jsonl(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert all("wall_time" in line and isinstance(line["wall_time"], float) for line in lines)
+    assert [line["loss"] for line in lines] == [2.0 * s for s in range(1, 7)]
+    assert "global_step/sec" not in lines[0]  # the first trigger only starts the clock
+    assert [line["global_step/sec"] for line in lines[1:]] == pytest.approx([2.0] * 5)
+    assert len(event_files(tmp_path)) == 1
+
+
+def nonfinite_step(state, batch):
+    state = state + 1.0
+    return state, {"nan": state * jnp.nan, "inf": state * jnp.inf, "ninf": -state * jnp.inf, "ok": state}
+
+
+def test_non_finite_values_are_written_as_strings(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
+    with jm.MonitoredSession(nonfinite_step, init_fn, hooks=[hook]) as sess:
+        sess.run()
+        sess.run()
+    lines = jsonl(tmp_path / "metrics.jsonl")
+    assert [(line["step"], line["nan"], line["inf"], line["ninf"], line["ok"]) for line in lines] == [
+        (1, "nan", "inf", "-inf", 1.0), (2, "nan", "inf", "-inf", 2.0)]
+    acc = events(tmp_path)
+    assert math.isnan(acc.Scalars("nan")[0].value) and acc.Scalars("inf")[0].value == math.inf
+
+
+def test_the_jsonl_file_is_complete_after_close(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
+    run_session([hook], 7)
+    lines = jsonl(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in lines] == list(range(1, 8))  # the last step (read late) included
+    assert [line["loss"] for line in lines] == [2.0 * s for s in range(1, 8)]
+    assert [s for s, _ in scalars(events(tmp_path), "loss")] == list(range(1, 8))
+
+
+def checked_step(state, batch):
+    if jnp.ndim(batch) != 0:
+        raise ValueError("this step wants a scalar batch")
+    return step(state, batch)
+
+
+def test_pending_summaries_are_written_when_the_step_raises(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)
+    with pytest.raises(ValueError, match="scalar batch"):
+        with jm.MonitoredSession(checked_step, init_fn, hooks=[hook]) as sess:
+            for i in range(1, 12):
+                sess.run(np.zeros(2, np.float32) if i == 10 else np.float32(0))
+    assert sess.step == 9
+    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 9]
+    assert scalars(events(tmp_path), "loss") == [(1, 2.0), (9, 18.0)]
+
+
+# -- the shared writer cache ---------------------------------------------------------------
+
+
+def test_hooks_with_one_output_dir_share_one_writer_and_one_event_file(tmp_path):
+    clock = FakeClock()
+    hooks = [
+        jm.SummarySaverHook(save_steps=2, output_dir=tmp_path),
+        jm.StepCounterHook(every_n_steps=2, output_dir=tmp_path, clock=clock),
+    ]
+    key = os.path.abspath(tmp_path)
+    with jm.MonitoredSession(step, init_fn, hooks=hooks) as sess:
+        assert SummaryWriterCache._writers[key][1] == 2  # two handles on one writer
+        for _ in range(5):
+            sess.run()
+            clock.t += 1.0
+    assert key not in SummaryWriterCache._writers  # closed and removed with its last handle
+    assert len(event_files(tmp_path)) == 1
+    acc = events(tmp_path)
+    assert [s for s, _ in scalars(acc, "loss")] == [1, 3, 5]
+    assert scalars(acc, "global_step/sec") == [(3, pytest.approx(1.0)), (5, pytest.approx(1.0))]
+
+
+def test_a_session_that_fails_to_start_releases_the_cached_writer(tmp_path):  # Hook.close: "on every exit"
+    def broken_init():
+        raise ValueError("no state")
+
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
+    with pytest.raises(ValueError, match="no state"):
+        jm.MonitoredSession(step, broken_init, hooks=[hook])
+    key = os.path.abspath(tmp_path)
+    try:
+        assert key not in SummaryWriterCache._writers
+    finally:  # do not leak the writer into the other tests
+        entry = SummaryWriterCache._writers.pop(key, None)
+        if entry is not None:
+            entry[0].close()
+
+
+def test_the_cache_gives_a_fresh_writer_after_the_last_handle_closed(tmp_path):
+    first = SummaryWriterCache.get(tmp_path)
+    second = SummaryWriterCache.get(tmp_path)
+    assert first.writer is second.writer
+    first.close()
+    first.close()  # a second close of one handle releases nothing more
+    assert os.path.abspath(tmp_path) in SummaryWriterCache._writers
+    second.close()
+    assert os.path.abspath(tmp_path) not in SummaryWriterCache._writers
+    third = SummaryWriterCache.get(tmp_path)
+    try:
+        assert third.writer is not first.writer
+    finally:
+        third.close()
+
+
+def test_a_given_writer_gets_the_scalars_and_is_flushed_but_never_closed():
+    writer = RecordingWriter()
+    hook = jm.SummarySaverHook(save_steps=2, summary_writer=writer, hparams={"lr": 0.5})
+    run_session([hook], 5)
+    writes = [call for call in writer.calls if call[0] not in ("flush", "close")]
+    assert writes == [
+        ("hparams", None, {"lr": 0.5}),
+        ("scalars", 1, {"loss": 2.0, "acc": pytest.approx(0.1)}),
+        ("scalars", 3, {"loss": 6.0, "acc": pytest.approx(0.3)}),
+        ("scalars", 5, {"loss": 10.0, "acc": pytest.approx(0.5)}),
+    ]
+    assert ("flush",) in writer.calls[writer.calls.index(writes[-1]):]  # flushed after the last write
+    assert ("close",) not in writer.calls
+
+
+# -- late delivery and compilation ---------------------------------------------------------
+
+
+def test_values_are_written_one_run_late_or_at_sync(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    writer = jm.JsonlWriter(path)
+    hook = jm.SummarySaverHook(save_steps=1, summary_writer=writer)
+    try:
+        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+            sess.run()
+            writer.flush()
+            assert jsonl(path) == []  # step 1 is read during the next run, not now
+            sess.run()
+            writer.flush()
+            assert [line["step"] for line in jsonl(path)] == [1]
+            sess.sync()
+            writer.flush()
+            assert [line["step"] for line in jsonl(path)] == [1, 2]
+    finally:
+        writer.close()
+    assert [line["loss"] for line in jsonl(path)] == [2.0, 4.0]
+
+
+def test_an_output_that_is_the_donated_state_is_still_read_one_run_late(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
+    with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:  # outputs {"value": state}
+        for _ in range(4):
+            sess.run()
+    assert [(line["step"], line["value"]) for line in jsonl(tmp_path / "metrics.jsonl")] == [
+        (1, 1), (2, 2), (3, 3), (4, 4)]
+
+
+def test_writing_output_scalars_compiles_the_step_once(tmp_path):
+    hook = jm.SummarySaverHook(save_steps=3, output_dir=tmp_path)
+    sess = run_session([hook], 20)
+    assert sess.compile_count == 1
+    assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 4, 7, 10, 13, 16, 19]
+
+
+# -- the profiler (L7) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"output_dir": "x"},
+    {"save_steps": 1, "save_secs": 1.0, "output_dir": "x"},
+    {"save_steps": 1},
+    {"save_steps": 1, "output_dir": ""},
+])
+def test_profiler_hook_checks_its_arguments(kwargs):
+    with pytest.raises(ValueError):
+        jm.ProfilerHook(**kwargs)
+
+
+def stop_any_trace():
+    """Leaves no profiler trace running for the other tests, whatever a failed test left."""
+    try:
+        jax.profiler.stop_trace()
+    except RuntimeError:
+        pass  # none was running
+
+
+def traces(output_dir):
+    profile = output_dir / "plugins" / "profile"
+    return {name: sorted(p.name for p in (profile / name).iterdir()) for name in os.listdir(profile)}
+
+
+def test_profiler_save_steps_two_traces_steps_2_and_4(tmp_path):
+    hook = jm.ProfilerHook(save_steps=2, output_dir=tmp_path)
+    run_session([hook], 5)
+    assert hook.traced_steps == [2, 4]
+    found = traces(tmp_path)
+    assert sorted(found) == ["step_2", "step_4"]
+    assert all(any(name.endswith(".xplane.pb") for name in files) for files in found.values())
+
+
+def test_profiler_never_traces_the_first_step(tmp_path):
+    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
+    run_session([hook], 2)
+    assert hook.traced_steps == [2]
+    assert sorted(traces(tmp_path)) == ["step_2"]
+
+
+def test_profiler_save_secs_traces_when_two_seconds_have_passed(tmp_path):
+    clock = FakeClock(1000.0)
+    hook = jm.ProfilerHook(save_secs=2, output_dir=tmp_path, clock=clock)
+    with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+        for offset in [0.0, 2.5, 2.6, 4.4, 4.5]:  # TF's test: traced at +2.5 and +4.5 only
+            clock.t = 1000.0 + offset
+            sess.run()
+    assert hook.traced_steps == [2, 5]
+    assert sorted(traces(tmp_path)) == ["step_2", "step_5"]
+
+
+def test_a_step_failing_while_traced_still_stops_and_keeps_the_trace(tmp_path):
+    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
+    try:
+        with pytest.raises(ValueError, match="scalar batch"):
+            with jm.MonitoredSession(checked_step, init_fn, hooks=[hook]) as sess:
+                sess.run(np.float32(0))
+                sess.run(np.zeros(2, np.float32))  # traced, and fails
+        assert hook.traced_steps == [2]
+        assert sorted(traces(tmp_path)) == ["step_2"]
+        # the profiler was stopped: a new trace can start
+        jax.profiler.start_trace(str(tmp_path / "again"))
+        jax.profiler.stop_trace()
+    finally:
+        stop_any_trace()
+
+
+def test_a_recovery_during_a_traced_run_does_not_break_the_session(tmp_path):
+    aborter = RecordingHook(raise_in={"before_run": (2, jm.AbortedError("preempted"))})
+    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
+    try:
+        with jm.MonitoredSession(step, init_fn, hooks=[hook, aborter]) as sess:
+            for _ in range(3):
+                sess.run()  # run 2 starts a trace, then aborts; the session re-creates the state and retries
+        assert aborter.calls["after_create_session"] == 2
+        assert sess.step == 2
+        assert hook.traced_steps and all(f"step_{s}" in traces(tmp_path) for s in hook.traced_steps)
+        jax.profiler.start_trace(str(tmp_path / "again"))  # no trace left running
+        jax.profiler.stop_trace()
+    finally:
+        stop_any_trace()
