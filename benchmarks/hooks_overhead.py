@@ -76,6 +76,7 @@ VARIANTS = {
     "bare_jit": Bare,
     "session_no_hooks": Session(lambda logdir: []),
     "session_default_hooks": Session(default_hooks),
+    "session_default_hooks_without_nan": Session(lambda logdir: default_hooks(logdir)[:-1]),
 }
 
 
