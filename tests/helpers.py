@@ -64,3 +64,48 @@ def zero():
 
 def events(log, event):
     return [name for name, e in log if e == event]
+
+
+class FakeClock:
+    """A clock for hooks' `clock=`: returns `t`, which tests move by hand."""
+
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+class RecordingWriter:
+    """A SummaryWriter that keeps every call: `calls` in order, `scalars` as (step, dict)."""
+
+    def __init__(self):
+        self.calls, self.scalars, self.flushes, self.closes = [], [], 0, 0
+
+    def write_scalars(self, step, scalars):
+        scalars = {k: float(v) for k, v in scalars.items()}
+        self.calls.append(("scalars", step, scalars))
+        self.scalars.append((step, scalars))
+
+    def write_histograms(self, step, arrays):
+        self.calls.append(("histograms", step, dict(arrays)))
+
+    def write_images(self, step, images):
+        self.calls.append(("images", step, dict(images)))
+
+    def write_texts(self, step, texts):
+        self.calls.append(("texts", step, dict(texts)))
+
+    def write_hparams(self, hparams):
+        self.calls.append(("hparams", None, dict(hparams)))
+
+    def flush(self):
+        self.calls.append(("flush",))
+        self.flushes += 1
+
+    def close(self):
+        self.calls.append(("close",))
+        self.closes += 1
+
+    def steps(self, tag="global_step/sec"):
+        return [step for step, scalars in self.scalars if tag in scalars]

@@ -7,7 +7,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, count_step, zero
+from helpers import RecordingHook, RecordingWriter, count_step, zero
 
 import jaxmon as jm
 
@@ -52,34 +52,6 @@ class FakeTime:
 
     def advance(self, secs):
         self.now += secs
-
-
-class RecordingWriter:
-    """A SummaryWriter that records every call."""
-
-    def __init__(self):
-        self.scalars, self.flushes, self.closes = [], 0, 0
-
-    def write_scalars(self, step, scalars):
-        self.scalars.append((step, dict(scalars)))
-
-    def write_histograms(self, step, arrays):
-        pass
-
-    def write_images(self, step, images):
-        pass
-
-    def write_texts(self, step, texts):
-        pass
-
-    def write_hparams(self, hparams):
-        pass
-
-    def flush(self):
-        self.flushes += 1
-
-    def close(self):
-        self.closes += 1
 
 
 def run_loop(sess, started=None):

@@ -9,48 +9,9 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import count_step, zero
+from helpers import FakeClock, RecordingWriter, count_step, zero
 
 import jaxmon as jm
-
-
-class FakeClock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
-class RecordingWriter:
-    """A summary writer that keeps what it was given."""
-
-    def __init__(self):
-        self.scalars, self.other, self.flushes, self.closes = [], [], 0, 0
-
-    def write_scalars(self, step, scalars):
-        self.scalars.append((step, dict(scalars)))
-
-    def write_histograms(self, step, arrays):
-        self.other.append(("histograms", step, arrays))
-
-    def write_images(self, step, images):
-        self.other.append(("images", step, images))
-
-    def write_texts(self, step, texts):
-        self.other.append(("texts", step, texts))
-
-    def write_hparams(self, hparams):
-        self.other.append(("hparams", hparams))
-
-    def flush(self):
-        self.flushes += 1
-
-    def close(self):
-        self.closes += 1
-
-    def steps(self, tag="global_step/sec"):
-        return [step for step, scalars in self.scalars if tag in scalars]
 
 
 def metrics_step(state, batch):

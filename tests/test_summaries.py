@@ -11,48 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, count_step, zero
+from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, zero
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
 from jaxmon._summary import SummaryWriterCache
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
-
-
-class FakeClock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
-# a writer of one's own, recording every call
-class RecordingWriter:
-    def __init__(self):
-        self.calls = []
-
-    def write_scalars(self, step, scalars):
-        self.calls.append(("scalars", step, {k: float(v) for k, v in scalars.items()}))
-
-    def write_histograms(self, step, arrays):
-        self.calls.append(("histograms", step, dict(arrays)))
-
-    def write_images(self, step, images):
-        self.calls.append(("images", step, dict(images)))
-
-    def write_texts(self, step, texts):
-        self.calls.append(("texts", step, dict(texts)))
-
-    def write_hparams(self, hparams):
-        self.calls.append(("hparams", None, dict(hparams)))
-
-    def flush(self):
-        self.calls.append(("flush",))
-
-    def close(self):
-        self.calls.append(("close",))
 
 
 def step(state, batch):
