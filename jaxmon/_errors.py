@@ -49,8 +49,9 @@ class NanLossDuringTrainingError(RuntimeError):
         self.step, self.value = step, value
 
 
-def check_on_error(owner: str, on_error: object) -> str:
-    """Returns `on_error` if it is a valid hook error policy, else raises `ValueError`."""
+def check_on_error(owner: object, on_error: object) -> str:
+    """Returns `on_error` if it is a valid hook error policy, else raises `ValueError`
+    naming `owner` (a hook or a str, formatted only on error)."""
     if on_error not in ("raise", "warn"):
         raise ValueError(f"{owner} on_error must be 'raise' (the default) or 'warn'; got {on_error!r}.")
     return on_error

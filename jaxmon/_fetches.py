@@ -42,10 +42,6 @@ def normalize(fetches: Any, owner: object) -> dict[str, FetchSpec] | None:
     raise TypeError(f"{owner}: cannot fetch {fetches!r}. {_HINT}.")
 
 
-def _order(spec: Callable[..., Any]) -> int:
-    return hash(spec)
-
-
 class FetchPlan:
     """The distinct fetches of one run, and which requester gets which value.
 
@@ -62,14 +58,12 @@ class FetchPlan:
             for spec in request.values() if request else ():
                 self.owners.setdefault(spec, owner)
         self.key: tuple[Callable[..., Any], ...] = tuple(
-            sorted((spec for spec in self.owners if not isinstance(spec, str)), key=_order)
+            sorted((spec for spec in self.owners if not isinstance(spec, str)), key=hash)
         )
 
     def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> list[dict[str, Any] | None]:
         """One result dict (device values) per requester, None for those that asked none."""
-        if len(self._requests) == 1 and self._requests[0][1] is None:
-            return [None]  # the common case: nobody fetches
-        if not self.owners:
+        if not self.owners:  # the common case: nobody fetches
             return [None if request is None else {} for _, request in self._requests]
         values = dict(zip(self.key, fetched, strict=True))
         for spec, owner in self.owners.items():

@@ -415,8 +415,7 @@ def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
                 f"hooks[{i}] is {hook!r} of type {type(hook).__name__}, not a jaxmon Hook. "
                 "Subclass jm.Hook and override the events you need."
             )
-        if hook.on_error not in ("raise", "warn"):
-            raise ValueError(f"{hook!r} has on_error={hook.on_error!r}; use 'raise' (the default) or 'warn'.")
+        _errors.check_on_error(hook, hook.on_error)
     return hooks
 
 

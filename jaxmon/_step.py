@@ -57,7 +57,6 @@ class CompiledStep:
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self.trace_count = 0
-        self.output_names: tuple[str, ...] | None = None
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object]):
         variant = self._variants.get(key)
@@ -75,7 +74,6 @@ class CompiledStep:
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object]) -> Callable[..., Any]:
         def variant(state, batch):
             new_state, outputs = _check_result(self._step_fn(state, batch), state)
-            self.output_names = tuple(outputs)
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
             self.trace_count += 1  # a trace that raised compiles nothing
             return new_state, outputs, fetched
