@@ -10,7 +10,9 @@ loop.
 
 Each round builds every variant afresh, warms it up, and times --steps steps of it, in
 a rotating order (A B C, B C A, ...), for --rounds rounds, so that the machine's noise
-hits all alike; the medians are compared.
+hits all alike; the medians are compared. Two reference points besides the bare loop:
+the bare loop with the one host read per step that a NaN check one step late needs
+(what NanHook costs at the least), and the default set without NanHook.
 
 Run: .venv/bin/python benchmarks/hooks_overhead.py [--steps 1000] [--rounds 30]
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -27,6 +30,7 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 from core_overhead import make_workload
 
 import jaxmon as jm
@@ -57,6 +61,21 @@ class Bare:
         return state
 
 
+class BareReadingLossLate(Bare):
+    """The bare loop plus what NanHook needs and nothing else: each step, after
+    dispatching it, read the previous step's loss on the host and check it."""
+
+    def __call__(self, batch, steps):  # noqa: D102
+        state, previous = self.state, None
+        for _ in range(steps):
+            state, outputs = self.step(state, batch)
+            if previous is not None and not math.isfinite(np.asarray(previous)):
+                raise FloatingPointError("non-finite loss")
+            previous = outputs["loss"]
+        self.state = state
+        return state
+
+
 class Session:
     def __init__(self, hooks):
         self.hooks = hooks
@@ -74,6 +93,7 @@ class Session:
 
 VARIANTS = {
     "bare_jit": Bare,
+    "bare_jit_reading_loss_late": BareReadingLossLate,
     "session_no_hooks": Session(lambda logdir: []),
     "session_default_hooks": Session(default_hooks),
     "session_default_hooks_without_nan": Session(lambda logdir: default_hooks(logdir)[:-1]),
