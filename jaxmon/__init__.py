@@ -1,5 +1,7 @@
 """jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
 
+from jaxmon._checkpoint import Restored, WarmStartReport, checkpoints_iterator, restore_checkpoint
+from jaxmon._data import ArrayDataSource
 from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
 from jaxmon._hook import (
     Hook,
@@ -16,6 +18,8 @@ from jaxmon._state import TrainState
 from jaxmon._summary import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
 from jaxmon.hooks import (
+    CheckpointSaverHook,
+    CheckpointSaverListener,
     EarlyStoppingHook,
     EvalHook,
     FeedFnHook,
@@ -41,6 +45,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AbortedError",
+    "ArrayDataSource",
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
     "EarlyStoppingHook",
     "EvalHook",
     "FeedFnHook",
@@ -58,6 +65,7 @@ __all__ = [
     "NanLossDuringTrainingError",
     "NanTensorHook",
     "NeverTriggerTimer",
+    "Restored",
     "PeriodicHook",
     "ProfilerHook",
     "ProgressBarHook",
@@ -78,5 +86,8 @@ __all__ = [
     "Text",
     "TrainState",
     "UnavailableError",
+    "WarmStartReport",
+    "checkpoints_iterator",
     "latest_checkpoint_step",
+    "restore_checkpoint",
 ]

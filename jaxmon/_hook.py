@@ -123,6 +123,22 @@ class Hook:
         files, writers and profilers here. Errors are raised on a clean exit and
         logged on an exit that is already raising."""
 
+    def get_state(self) -> dict[str, Any] | None:
+        """The hook's own state to save with each checkpoint, JSON-serialisable, or None.
+
+        The default saves the last trigger of the hook's `_timer` (the shared
+        `SecondOrStepTimer` of periodic hooks) if it has one; hooks with counters
+        extend it."""
+        timer = getattr(self, "_timer", None)
+        return None if timer is None else {"timer": timer.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes back what `get_state` returned, when a session resumes from a
+        checkpoint: after `begin`, before `after_create_session`."""
+        timer = getattr(self, "_timer", None)
+        if timer is not None and "timer" in state:
+            timer.set_state(state["timer"])
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
+import signal
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxmon import _errors, _fetches
+from jaxmon import _checkpoint, _errors, _fetches
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._step import CompiledStep
 
@@ -44,7 +47,21 @@ class MonitoredSession:
         re-creates the state and retries after `AbortedError`/`UnavailableError`
         before the error propagates. TF retried forever; a bound ends a loop that
         would never succeed.
-      stop_grace_period_secs: the longest `close()` may wait for pending work.
+      checkpoint_dir: restore the latest checkpoint found here at creation and after a
+        recoverable error (the state, the step, the data position and the hooks' own
+        state), else call `init_fn`. Default: the directory of a
+        `CheckpointSaverHook` among `hooks`. A broken latest checkpoint is reported
+        and the one before it is used; a directory whose checkpoints all fail raises.
+      warm_start: on the fresh-init path only: a checkpoint (a run's directory or one
+        step's directory) whose leaves replace those of the fresh state where path,
+        shape and dtype match (`warm_start_report` says which), or a function
+        `state -> state`.
+      config: a JSON-serialisable dict saved in every checkpoint's metadata.
+      stop_grace_period_secs: the longest `close()` (and a save on SIGTERM) may wait
+        for pending checkpoint writes.
+      handle_sigterm: on SIGTERM, stop at the next step boundary, after a
+        `CheckpointSaverHook` saved that step (a second SIGTERM kills as usual).
+        Needs the session to be built in the main thread.
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -70,7 +87,11 @@ class MonitoredSession:
         donate_state: bool = True,
         initial_step: int = 0,
         max_recoveries: int = 10,
+        checkpoint_dir: str | os.PathLike | None = None,
+        warm_start: str | os.PathLike | Callable[[Any], Any] | None = None,
+        config: Mapping[str, Any] | None = None,
         stop_grace_period_secs: float = 120,
+        handle_sigterm: bool = True,
     ):
         if (init_fn is None) == (state is None):
             raise ValueError(
@@ -86,9 +107,16 @@ class MonitoredSession:
         _errors.check_int("initial_step", initial_step)
         _errors.check_int("max_recoveries", max_recoveries)
         _errors.check_number("stop_grace_period_secs", stop_grace_period_secs)
+        if warm_start is not None and not (callable(warm_start) or isinstance(warm_start, (str, os.PathLike))):
+            raise TypeError(f"warm_start must be a checkpoint path or a function state -> state; got {warm_start!r}.")
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
         self._hooks = _check_hooks(() if hooks is None else hooks)
         self._init_fn = init_fn if init_fn is not None else _once(state)
+        self._like = None if state is None else _checkpoint.abstract_like(state)
+        self._checkpoint_dir = _checkpoint_dir(checkpoint_dir, self._hooks)
+        self._warm_start = warm_start
+        self.warm_start_report: _checkpoint.WarmStartReport | None = None
+        self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
         self._data = None if data is None else iter(data)
         self._initial_step = initial_step
         self._max_recoveries = max_recoveries
@@ -100,6 +128,8 @@ class MonitoredSession:
         self._last_run: tuple[Any, Any] = (None, {})
         self._late: collections.deque = collections.deque()
         self._hook_failures: dict[int, int] = {}
+        self._preempted = False
+        self._sigterm = _SigtermHandler(self) if handle_sigterm else None
         try:
             for hook in self._hooks:
                 try:
@@ -186,6 +216,8 @@ class MonitoredSession:
         self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
         self._step += 1
         self._last_run = (batch, outputs)
+        if self._preempted:
+            self._stop_requested = True
         caller, *results = plan.route(outputs, fetched)
         for (entry, _), hook_results in zip(fetching, results, strict=True):
             entry[1] = hook_results
@@ -263,11 +295,17 @@ class MonitoredSession:
                            hook, event, step, count, error, exc_info=count == 1)
 
     def _create_state(self, recovering: BaseException | None = None) -> None:
-        """Builds the state, then tells every hook; retries recoverable errors."""
+        """Restores or builds the state, then tells every hook; retries recoverable errors."""
         for attempt in itertools.count(1):
             try:
-                self._state = self._init_fn()
-                self._step = self._initial_step
+                restored = self._restore(recovering)
+                if restored is None:
+                    self._state = self._init_fn()
+                    self._step = self._initial_step
+                    if self._warm_start is not None:
+                        self._state, self.warm_start_report = _checkpoint.warm_start(self._state, self._warm_start)
+                else:
+                    self._resume(restored, recovering)
                 for hook in self._hooks:
                     try:
                         hook.after_create_session(self)
@@ -283,11 +321,81 @@ class MonitoredSession:
                 logger.warning("Retrying session creation after %r (attempt %d of %d).",
                                error, attempt, self._max_recoveries)
 
+    def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
+        if self._checkpoint_dir is None or not _checkpoint.complete_steps(self._checkpoint_dir):
+            return None
+        if recovering is not None:
+            for hook in self._hooks:  # a save in flight is the checkpoint to go back to
+                wait = getattr(hook, "wait", None)
+                if callable(wait) and getattr(hook, "checkpoint_dir", None) is not None:
+                    wait()
+        if self._like is None:
+            self._like = _checkpoint.abstract_like(jax.eval_shape(self._init_fn))
+        checkpoints = _checkpoint.Checkpoints(self._checkpoint_dir)
+        try:
+            return checkpoints.restore_latest(self._like)
+        finally:
+            checkpoints.close()
+
+    def _resume(self, restored: _checkpoint.Restored, recovering: BaseException | None) -> None:
+        """Takes a restored checkpoint's state, step, data position and (at creation,
+        not in a recovery, where hooks keep their own state as in TF) hook states."""
+        self._state, self._step = restored.state, restored.step
+        meta = restored.meta
+        data_state = meta.get("data")
+        if data_state is not None:
+            if hasattr(self._data, "set_state"):
+                self._data.set_state(data_state)
+            else:
+                logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
+                               "the data restarts from where it is.", restored.step)
+        elif self._data is not None and recovering is None and hasattr(self._data, "get_state"):
+            logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.",
+                           restored.step)
+        if recovering is None:
+            saved = meta.get("hooks") or {}
+            for key, hook in _hook_keys(self._hooks):
+                if key in saved:
+                    hook.set_state(saved[key])
+        logger.info("Restored step %d from %s.", restored.step, self._checkpoint_dir)
+
+    def resume_info(self) -> dict[str, Any]:
+        """What a checkpoint stores beside the state: the step, the data iterator's
+        position (when it has `get_state()`), every hook's `get_state()`, the config,
+        and the versions of jaxmon, JAX and Orbax. JSON-serialisable."""
+        hooks = {}
+        for key, hook in _hook_keys(self._hooks):
+            state = hook.get_state()
+            if state is not None:
+                hooks[key] = state
+        get_data_state = getattr(self._data, "get_state", None)
+        info = {
+            **_checkpoint.versions(),
+            "step": self._step,
+            "data": get_data_state() if callable(get_data_state) else None,
+            "hooks": hooks,
+            "config": self._config,
+        }
+        return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
+
     # -- stopping and closing --------------------------------------------------------
 
     def should_stop(self) -> bool:
-        """True once a stop was requested, data ended, or the session closed."""
-        return self._stop_requested or self._closed
+        """True once a stop was requested, data ended, the process got SIGTERM, or the
+        session closed."""
+        return self._stop_requested or self._preempted or self._closed
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True once the process got SIGTERM (or, with several JAX processes, reached
+        JAX's preemption sync point): the loop stops after this step is saved."""
+        return self._preempted
+
+    def request_preemption(self) -> None:
+        """Acts as SIGTERM does: save at the next step boundary, then stop."""
+        if not self._preempted:
+            logger.warning("Preemption: saving at the next step boundary, then stopping.")
+        self._preempted = True
 
     def request_stop(self) -> None:
         """Asks the loop to stop; `should_stop()` is True from now on."""
@@ -303,6 +411,8 @@ class MonitoredSession:
             return
         self._closed = True
         ok = False
+        if self._sigterm is not None:
+            self._sigterm.uninstall()
         try:
             if clean:
                 self._deliver_late()
@@ -364,6 +474,16 @@ class MonitoredSession:
         return self._state
 
     @property
+    def last_outputs(self) -> Mapping[str, Any]:
+        """The last run's outputs (device arrays); empty before the first run."""
+        return self._last_run[1]
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """Where the session restores from (None: it never restores)."""
+        return self._checkpoint_dir
+
+    @property
     def hooks(self) -> tuple[Hook, ...]:
         return self._hooks
 
@@ -383,6 +503,47 @@ def _to_host(values: Any) -> Any:
     if len(leaves) > 4:
         return jax.device_get(values)
     return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
+
+
+def _checkpoint_dir(given: str | os.PathLike | None, hooks: tuple[Hook, ...]) -> str | None:
+    if given is not None:
+        return os.fspath(given)
+    from jaxmon.hooks._checkpoint import CheckpointSaverHook
+
+    savers = [hook.checkpoint_dir for hook in hooks if isinstance(hook, CheckpointSaverHook)]
+    return savers[0] if savers else None
+
+
+def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:
+    """Stable keys for the hooks' saved states: position and class name."""
+    return [(f"{i}:{type(hook).__name__}", hook) for i, hook in enumerate(hooks)]
+
+
+class _SigtermHandler:
+    """Turns SIGTERM into `session.request_preemption()` while the session is open; a
+    second SIGTERM goes to the handler that was there before (by default: exit)."""
+
+    def __init__(self, session: MonitoredSession):
+        self._session = session
+        self._previous: Any = None
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        else:
+            logger.info("The session is not in the main thread, so it does not handle SIGTERM.")
+
+    def _handle(self, signum, frame) -> None:
+        if not self._session.preemption_requested:
+            logger.warning("SIGTERM (a second one exits at once).")
+            self._session.request_preemption()
+            return
+        self.uninstall()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def uninstall(self) -> None:
+        if self._installed:
+            self._installed = False
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
 class _StateGone(RuntimeError):

@@ -77,6 +77,15 @@ class SecondOrStepTimer:
         """The step of the last recorded trigger, or None."""
         return self._last_step
 
+    def get_state(self) -> dict[str, int | None]:
+        """The last trigger's step, for a checkpoint (times do not survive a restart)."""
+        return {"last_step": self._last_step}
+
+    def set_state(self, state: dict[str, int | None]) -> None:
+        """Resumes from `get_state()`: the last trigger at its step, now."""
+        self._last_step = state["last_step"]
+        self._last_time = None if self._last_step is None else self._clock()
+
     def __repr__(self) -> str:
         if self.every_secs is not None:
             return f"SecondOrStepTimer(every_secs={self.every_secs})"

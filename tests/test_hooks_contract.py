@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -66,6 +67,13 @@ CASES = {
         ({"eval_fn": eval_fn, "data": [], "every_n_steps": 1, "every_n_secs": 1}, ValueError)]),
     "ProgressBarHook": (lambda d: jm.ProgressBarHook(enabled=True, stream=io.StringIO(), every_n_secs=0), [
         ({"total_steps": 0}, ValueError), ({"fetches": "loss"}, ValueError), ({"every_n_secs": -1}, ValueError)]),
+    "CheckpointSaverHook": (lambda d: jm.CheckpointSaverHook(d, save_steps=2, max_to_keep=2), [
+        ({"checkpoint_dir": "x"}, ValueError), ({"checkpoint_dir": "x", "save_steps": 1, "save_secs": 1}, ValueError),
+        ({"checkpoint_dir": "", "save_steps": 1}, ValueError), ({"checkpoint_dir": 3, "save_steps": 1}, ValueError),
+        ({"checkpoint_dir": "x", "save_steps": 1, "max_to_keep": 0}, ValueError),
+        ({"checkpoint_dir": "x", "save_steps": 1, "keep_best": 2}, ValueError),
+        ({"checkpoint_dir": "x", "save_steps": 1, "best_mode": "lowest"}, ValueError),
+        ({"checkpoint_dir": "x", "save_steps": 1, "listeners": [object()]}, TypeError)]),
     "PeriodicHook": (lambda d: jm.PeriodicHook(lambda session: None, every_n_steps=2, at_end=True), [
         ({"fn": 3, "every_n_steps": 1}, TypeError), ({"fn": print}, ValueError),
         ({"fn": print, "every_n_steps": 1, "every_n_secs": 1}, ValueError)]),
@@ -137,3 +145,19 @@ def test_bad_arguments_raise_errors_that_name_them(name):
         with pytest.raises(error) as info:
             cls(**kwargs)
         assert str(info.value), (name, kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_own_state_survives_a_json_round_trip(name, tmp_path):
+    hook = CASES[name][0](str(tmp_path / "a"))
+    with jm.MonitoredSession(step_fn, init_fn, data=batches(3), hooks=[hook]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    state = hook.get_state()
+    assert state is None or json.loads(json.dumps(state)) == state
+    fresh = CASES[name][0](str(tmp_path / "b"))
+    fresh.begin()
+    if state is not None:
+        fresh.set_state(json.loads(json.dumps(state)))
+        assert fresh.get_state() == state
+    fresh.close()

@@ -9,12 +9,15 @@ from jaxmon.hooks._basic import (
     PeriodicHook,
     latest_checkpoint_step,
 )
+from jaxmon.hooks._checkpoint import CheckpointSaverHook, CheckpointSaverListener
 from jaxmon.hooks._eval import EarlyStoppingHook, EvalHook
 from jaxmon.hooks._logging import LoggingHook, LoggingTensorHook, ProgressBarHook, StepCounterHook
 from jaxmon.hooks._stop import StopAtStepHook
 from jaxmon.hooks._summaries import Histogram, Image, ProfilerHook, SummarySaverHook, Text
 
 __all__ = [
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
     "EarlyStoppingHook",
     "EvalHook",
     "FeedFnHook",

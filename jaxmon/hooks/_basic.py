@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon import _fetches
+from jaxmon import _checkpoint, _fetches
 from jaxmon._errors import NanLossDuringTrainingError, check_number, check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._triggers import timer_for
@@ -215,14 +215,8 @@ class GlobalStepWaiterHook(Hook):
 
 
 def latest_checkpoint_step(directory: str | os.PathLike) -> int | None:
-    """The largest step among the complete checkpoints in `directory` (Orbax's layout:
-    one directory per step named by the step; unfinished ones carry a tmp suffix)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return None
-    steps = [int(name) for name in names if name.isdigit() and os.path.isdir(os.path.join(directory, name))]
-    return max(steps, default=None)
+    """The largest step among the complete checkpoints in `directory` (None if none)."""
+    return max(_checkpoint.complete_steps(directory), default=None)
 
 
 class PeriodicHook(Hook):

@@ -94,6 +94,13 @@ class EvalHook(Hook):
         self._timer.reset()
         self._timer.update_last_triggered_step(session.step)  # the clock starts now
 
+    def get_state(self) -> dict[str, Any]:
+        return {"history": [[step, metrics] for step, metrics in self.history]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.history = [(step, metrics) for step, metrics in state["history"]]
+        self.latest = self.history[-1][1] if self.history else None
+
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if self._timer.should_trigger_for_step(values.step):
             self._timer.update_last_triggered_step(values.step)
@@ -199,6 +206,15 @@ class EarlyStoppingHook(Hook):
         self.stopped_step: int | None = None
         self._waited = 0
         self._seen = 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {**(super().get_state() or {}), "best": self.best, "best_step": self.best_step,
+                "waited": self._waited, "seen": self._seen}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.best, self.best_step, self._waited, self._seen = (state["best"], state["best_step"], state["waited"],
+                                                               state["seen"])
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if self._timer is None or not self._timer.should_trigger_for_step(ctx.step + 1):

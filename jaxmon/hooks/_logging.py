@@ -84,6 +84,13 @@ class LoggingHook(Hook):
         self._iter_count = 0
         self._elapsed.clear()
 
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "iter_count": self._iter_count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._iter_count = state["iter_count"]
+
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         iteration, self._iter_count = self._iter_count, self._iter_count + 1
         if not self._timer.should_trigger_for_step(iteration):

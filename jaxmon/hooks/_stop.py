@@ -42,6 +42,13 @@ class StopAtStepHook(Hook):
         if session.step >= self._last_step:
             session.request_stop()
 
+    def get_state(self) -> dict[str, int | None]:
+        return {"last_step": self._last_step}
+
+    def set_state(self, state: dict[str, int | None]) -> None:
+        if self._num_steps is not None:  # the run being resumed fixed it at its start
+            self._last_step = state["last_step"]
+
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.step >= self._last_step:
             ctx.request_stop()

@@ -1,0 +1,370 @@
+"""Checkpoints on Orbax: one writer per directory, restore of the latest good one.
+
+A jaxmon checkpoint is an Orbax `CheckpointManager` step directory with two items:
+`state` (the state pytree, `StandardSave`; a state that is a single array is saved
+as `{"leaf": array}`) and `meta` (JSON: the step, versions, the data iterator's
+position, the hooks' own state, the config). Orbax writes each step
+into a temporary directory and renames it when complete, so a checkpoint cut off by
+SIGKILL is never listed, never loaded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import importlib.metadata
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+logger = logging.getLogger("jaxmon")
+
+FORMAT = "jaxmon-checkpoint/1"
+_LOCK_NAME = ".jaxmon-writer.lock"
+_LEAF = "leaf"
+
+
+class Restored(NamedTuple):
+    """A restored checkpoint: the state, its step, and its `meta` dict."""
+
+    state: Any
+    step: int
+    meta: dict[str, Any]
+
+
+def complete_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps of the complete checkpoints in `directory`, ascending (Orbax's layout:
+    one directory per step named by the step; unfinished ones carry a tmp suffix)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(name) for name in names if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def abstract_like(state: Any) -> Any:
+    """The restore target of a state: shapes, dtypes and shardings, no data."""
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def leaf(x):
+        sharding = getattr(x, "sharding", None) or default
+        if not hasattr(x, "shape"):
+            x = np.asarray(x)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return jax.tree.map(leaf, state)
+
+
+class WarmStartReport(NamedTuple):
+    """What a warm start took from its checkpoint, by leaf path ("params/Dense_0/kernel")."""
+
+    source: str
+    restored: list[str]
+    fresh: list[str]  # not in the checkpoint: left as init_fn made them
+    mismatched: list[str]  # in the checkpoint with another shape or dtype: left fresh
+    unused: list[str]  # in the checkpoint, not in the state
+
+
+def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> tuple[Any, WarmStartReport | None]:
+    """Applies `warm_start` to a freshly initialised state (see `MonitoredSession`)."""
+    if callable(source):
+        return source(state), None
+    saved = restore_checkpoint(source).state
+    by_path = {_path_name(path): value for path, value in jax.tree_util.tree_flatten_with_path(saved)[0]}
+    restored, fresh, mismatched, leaves = [], [], [], []
+    paths, tree = jax.tree_util.tree_flatten_with_path(state)
+    for path, leaf in paths:
+        name = _path_name(path)
+        value = by_path.pop(name, None)
+        if value is None:
+            fresh.append(name)
+        elif value.shape != leaf.shape or value.dtype != leaf.dtype:
+            mismatched.append(f"{name} (checkpoint {value.dtype}{list(value.shape)}, state {leaf.dtype}"
+                              f"{list(leaf.shape)})")
+            value = None
+        else:
+            restored.append(name)
+            value = jax.device_put(value, getattr(leaf, "sharding", None))
+        leaves.append(leaf if value is None else value)
+    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path))
+    logger.info("Warm start from %s: restored %d leaves %s; left fresh %s; shape or dtype differs %s; "
+                "not in the state %s.", report.source, len(restored), restored, fresh, mismatched, report.unused)
+    return jax.tree.unflatten(tree, leaves), report
+
+
+def _path_name(path: tuple) -> str:
+    parts = []
+    for key in path:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(key, attribute):
+                parts.append(str(getattr(key, attribute)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def versions() -> dict[str, str]:
+    """The format and versions a checkpoint records, and when it was written."""
+    try:
+        jaxmon_version = importlib.metadata.version("jaxmon")
+    except importlib.metadata.PackageNotFoundError:
+        jaxmon_version = "unknown"
+    return {"format": FORMAT, "jaxmon": jaxmon_version, "jax": jax.__version__, "orbax": ocp.__version__,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def check_json(value: Any, what: str) -> Any:
+    """Returns `value` if JSON can write it, else raises `TypeError` naming `what`."""
+    try:
+        json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} must be JSON-serialisable (dicts, lists, str, numbers, None): {error}. "
+                        "Convert NumPy values with int() or float(), arrays with .tolist().") from None
+    return value
+
+
+def _restore_args(like: Any) -> ocp.args.Composite:
+    return ocp.args.Composite(state=ocp.args.StandardRestore(_wrap(like)), meta=ocp.args.JsonRestore())
+
+
+def _wrap(state: Any) -> Any:
+    """Orbax saves pytrees with at least one container: a bare array goes in a dict."""
+    return {_LEAF: state} if state is not None and jax.tree_util.treedef_is_leaf(jax.tree.structure(state)) else state
+
+
+def _unwrap(state: Any) -> Any:
+    return state[_LEAF] if isinstance(state, dict) and list(state) == [_LEAF] else state
+
+
+class Checkpoints:
+    """The checkpoints of one directory, on one Orbax `CheckpointManager`.
+
+    As a writer (`writer=True`), it holds an exclusive lock on the directory (a file
+    lock the OS drops when the process dies, even by SIGKILL), so that two runs never
+    interleave their checkpoints; only process 0 takes it.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, writer: bool = False, async_save: bool = True,
+                 max_to_keep: int | None = None, keep_period: int | None = None,
+                 keep_best: int | None = None, best_mode: str = "min"):
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.writer = writer
+        self._lock_fd: int | None = None
+        if writer:
+            os.makedirs(self.directory, exist_ok=True)
+            if jax.process_index() == 0:
+                self._lock_fd = _lock(self.directory)
+        keep: list[Any] = [policies.LatestN(max_to_keep)]  # the latest is never deleted
+        if keep_period is not None:
+            keep.append(policies.EveryNSteps(keep_period))
+        if keep_best is not None:
+            keep.append(policies.BestN(get_metric_fn=lambda metrics: metrics["best"], n=keep_best,
+                                       reverse=best_mode == "min", keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(  # a reader never saves (Orbax's read_only only adds warnings)
+            enable_async_checkpointing=async_save and writer,
+            preservation_policy=policies.AnyPreservationPolicy(keep) if writer else None,
+            create=writer,
+            save_root_metadata=writer,
+        )
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        except BaseException:
+            self._unlock()
+            raise
+        self._failure: BaseException | None = None
+
+    # -- writing -----------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, meta: Mapping[str, Any], best: float | None = None) -> None:
+        """Starts saving `state` and `meta` as `step`; returns once the state's arrays
+        are copied off the device (the rest is written in the background when async)."""
+        self.raise_failure()
+        args = ocp.args.Composite(state=ocp.args.StandardSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
+        metrics = None if best is None else {"best": float(best)}
+        try:
+            self._manager.save(step, args=args, metrics=metrics, force=True)
+        except BaseException as error:
+            self._failure = error
+            raise
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for the save in flight (at most `timeout` seconds) and raises its error."""
+        if timeout is None:
+            self._manager.wait_until_finished()
+        else:
+            done = threading.Event()
+            errors: list[BaseException] = []
+
+            def wait() -> None:
+                try:
+                    self._manager.wait_until_finished()
+                except BaseException as error:  # handed to the caller below
+                    errors.append(error)
+                finally:
+                    done.set()
+
+            threading.Thread(target=wait, name="jaxmon-checkpoint-wait", daemon=True).start()
+            if not done.wait(timeout):
+                raise TimeoutError(
+                    f"The checkpoint save in flight in {self.directory} did not finish within {timeout:g}s "
+                    "(stop_grace_period_secs); it may be lost. Raise stop_grace_period_secs, or check the disk.")
+            if errors:
+                raise errors[0]
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        """Raises the error of an earlier save that failed in the background."""
+        if self._failure is not None:
+            raise RuntimeError(f"An earlier checkpoint save in {self.directory} failed: {self._failure!r}") \
+                from self._failure
+        try:
+            self._manager.check_for_errors()
+        except BaseException as error:
+            self._failure = error
+            raise
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finishes pending saves (at most `timeout` seconds), then releases the lock."""
+        try:
+            if self.writer:
+                self.wait(timeout)
+        finally:
+            try:
+                self._manager.close()
+            finally:
+                self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the lock
+            self._lock_fd = None
+
+    # -- reading -----------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def restore(self, step: int, like: Any) -> Restored:
+        restored = self._manager.restore(step, args=_restore_args(like))
+        return Restored(_unwrap(restored["state"]), step, dict(restored["meta"] or {}))
+
+    def restore_latest(self, like: Any) -> Restored | None:
+        """The latest checkpoint that restores; a broken one is reported and skipped.
+
+        Returns None when the directory has no checkpoint. Raises when it has some but
+        none restores: a run never starts fresh over checkpoints it could not read.
+        """
+        failures = []
+        for step in reversed(self.steps()):
+            try:
+                restored = self.restore(step, like)
+            except Exception as error:
+                logger.error("Checkpoint %s/%d does not restore (%r); trying the one before it.",
+                             self.directory, step, error)
+                failures.append((step, error))
+                continue
+            if failures:
+                logger.warning("Restored checkpoint %d of %s instead of the broken %s.",
+                               step, self.directory, [s for s, _ in failures])
+            return restored
+        if failures:
+            listed = "; ".join(f"step {s}: {e!r}" for s, e in failures)
+            raise RuntimeError(
+                f"No checkpoint in {self.directory} restores ({listed}). Refusing to start fresh over them: "
+                "fix or move the directory, or point checkpoint_dir elsewhere.") from failures[0][1]
+        return None
+
+
+def _lock(directory: str) -> int:
+    path = os.path.join(directory, _LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another writer"
+        finally:
+            os.close(fd)
+        raise RuntimeError(
+            f"Checkpoint directory {directory} is being written by {holder}. Two runs must not write "
+            "one checkpoint_dir: stop the other run, or give this one its own checkpoint_dir.") from None
+    os.ftruncate(fd, 0)
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+    return fd
+
+
+def restore_checkpoint(directory: str | os.PathLike, *, step: int | None = None, like: Any = None) -> Restored:
+    """Reads a jaxmon checkpoint (for an evaluator, a notebook, or a warm start).
+
+    Args:
+      directory: a `checkpoint_dir` of a training run, or one checkpoint's directory
+        in it (as `checkpoints_iterator` yields).
+      step: which checkpoint (default: the latest that restores).
+      like: a state (or `jax.eval_shape` of one) to restore into, with its pytree type
+        and shardings; None gives nested dicts of arrays.
+
+    Returns:
+      `Restored(state, step, meta)`.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> restored = jm.restore_checkpoint("runs/train")  # doctest: +SKIP
+    """
+    if step is None and os.path.exists(os.path.join(directory, "_CHECKPOINT_METADATA")):
+        directory, name = os.path.split(os.path.abspath(directory))
+        step = int(name)
+    checkpoints = Checkpoints(directory)
+    try:
+        target = None if like is None else abstract_like(like)
+        if step is not None:
+            return checkpoints.restore(step, target)
+        restored = checkpoints.restore_latest(target)
+        if restored is None:
+            raise FileNotFoundError(f"No checkpoint in {os.path.abspath(directory)}.")
+        return restored
+    finally:
+        checkpoints.close()
+
+
+def checkpoints_iterator(directory: str | os.PathLike, *, timeout: float | None = None, poll_secs: float = 1.0,
+                         timeout_fn: Callable[[], bool] | None = None) -> Iterator[str]:
+    """Yields the path of each new complete checkpoint in `directory` as a run writes it
+    (TF's `tf.train.checkpoints_iterator`, for a side-car evaluator).
+
+    The first item is the latest checkpoint already there, if any; then each newer one,
+    skipping those that were superseded between two looks. Stops when no new
+    checkpoint came for `timeout` seconds and `timeout_fn()` (if given) returns True.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> for path in jm.checkpoints_iterator("runs/train", timeout=600):  # doctest: +SKIP
+      ...     state, step, meta = jm.restore_checkpoint(path, like=init_fn())
+    """
+    last: int | None = None
+    while True:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            steps = complete_steps(directory)
+            if steps and (last is None or steps[-1] > last):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(poll_secs)
+        if steps and (last is None or steps[-1] > last):
+            last = steps[-1]
+            yield os.path.join(os.fspath(directory), str(last))
+        elif timeout_fn is None or timeout_fn():
+            return

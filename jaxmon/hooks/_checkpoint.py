@@ -1,0 +1,194 @@
+"""CheckpointSaverHook and its listeners: TF's save points on Orbax's async saves."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from jaxmon import _checkpoint
+from jaxmon._errors import check_int
+from jaxmon._hook import Hook, RunContext, RunValues
+from jaxmon._triggers import timer_for
+
+logger = logging.getLogger("jaxmon")
+
+
+class CheckpointSaverListener:
+    """Called around the saves of a `CheckpointSaverHook` (TF's listener).
+
+    `after_save` returning True asks the loop to stop. Saves are asynchronous: at
+    `after_save` the state is copied off the device and being written; the files
+    are complete once the next save starts or the session closes.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> class Announce(jm.CheckpointSaverListener):
+      ...     def after_save(self, session, step):
+      ...         print("saved", step)
+    """
+
+    def begin(self) -> None:
+        """Called once, in the hook's `begin`."""
+
+    def before_save(self, session, step: int) -> None:
+        """Called before each save of `step`."""
+
+    def after_save(self, session, step: int) -> bool | None:
+        """Called after each save of `step`; return True to stop training."""
+
+    def end(self, session, step: int) -> None:
+        """Called once at the hook's `end`, after its final save."""
+
+
+class CheckpointSaverHook(Hook):
+    """Saves the state with Orbax at TF's save points: at session creation, every N
+    steps or seconds, on preemption (SIGTERM), and at `end` if the last step was not
+    saved.
+
+    Each checkpoint holds the state, the step, the data iterator's position (when it
+    has `get_state()`), the hooks' own state and metadata, which is everything an exact
+    resume needs (see `MonitoredSession`). Saving is asynchronous: the loop waits only
+    while the state is copied off the device; the files are written in the background
+    and committed atomically. Before each save the session's late hooks are delivered
+    (`sess.sync()`), so a NaN check has passed on every state that is saved.
+
+    Args:
+      checkpoint_dir: where to save; the session restores from it too (unless given its
+        own `checkpoint_dir`). One run writes one directory at a time.
+      save_secs, save_steps: the period; exactly one.
+      listeners: `CheckpointSaverListener`s.
+      max_to_keep: how many of the latest checkpoints to keep (None: all).
+      keep_period: also keep every checkpoint whose step is a multiple of this.
+      keep_best: also keep this many best checkpoints by `best_metric`. The latest
+        checkpoint is never deleted, however bad its metric.
+      best_metric: the metric ranking checkpoints: an output name (its value at the
+        saved step) or a function `fn(session) -> float`.
+      best_mode: "min" or "max".
+      async_save: write in the background (default) or block until written.
+      clock: an injectable time function (tests pass a fake).
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.CheckpointSaverHook("runs/train", save_steps=1000, max_to_keep=3)
+    """
+
+    def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
+                 save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (), *,
+                 max_to_keep: int | None = 5, keep_period: int | None = None, keep_best: int | None = None,
+                 best_metric: str | Callable[[Any], float] | None = None, best_mode: str = "min",
+                 async_save: bool = True, clock: Callable[[], float] = time.monotonic):
+        if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
+            raise ValueError(f"CheckpointSaverHook checkpoint_dir must be a directory path; got {checkpoint_dir!r}.")
+        self._timer = timer_for("CheckpointSaverHook", clock, save_steps=save_steps, save_secs=save_secs)
+        self.listeners = tuple(listeners)
+        for listener in self.listeners:
+            if not isinstance(listener, CheckpointSaverListener):
+                raise TypeError(f"CheckpointSaverHook listeners must be CheckpointSaverListener instances; "
+                                f"got {listener!r}.")
+        for name, value in (("max_to_keep", max_to_keep), ("keep_period", keep_period), ("keep_best", keep_best)):
+            if value is not None:
+                check_int(f"CheckpointSaverHook {name}", value, minimum=1)
+        if best_mode not in ("min", "max"):
+            raise ValueError(f"CheckpointSaverHook best_mode must be 'min' or 'max'; got {best_mode!r}.")
+        if (keep_best is None) != (best_metric is None):
+            raise ValueError(f"CheckpointSaverHook keep_best and best_metric go together; got keep_best="
+                             f"{keep_best!r}, best_metric={best_metric!r}.")
+        if best_metric is not None and not (isinstance(best_metric, str) or callable(best_metric)):
+            raise TypeError(f"CheckpointSaverHook best_metric must be an output name or fn(session) -> float; "
+                            f"got {best_metric!r}.")
+        self.checkpoint_dir = os.fspath(checkpoint_dir)
+        self.async_save = async_save
+        self._options = dict(async_save=async_save, max_to_keep=max_to_keep, keep_period=keep_period,
+                             keep_best=keep_best, best_mode=best_mode)
+        self.best_metric = best_metric
+        self._checkpoints: _checkpoint.Checkpoints | None = None
+        self._grace: float | None = None
+        self.saved_steps: list[int] = []
+
+    def begin(self) -> None:
+        self._timer.reset()
+        self.saved_steps = []
+        for listener in self.listeners:
+            listener.begin()
+        if self._checkpoints is None:
+            self._checkpoints = _checkpoint.Checkpoints(self.checkpoint_dir, writer=True, **self._options)
+
+    def after_create_session(self, session) -> None:
+        self._grace = session.stop_grace_period_secs
+        step = session.step
+        if step not in self._checkpoints.steps():  # a restored step is already saved
+            self._save(session, step)
+        self._timer.update_last_triggered_step(step)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        session = ctx.session
+        preempted = session.preemption_requested
+        if not (preempted or self._timer.should_trigger_for_step(values.step)):
+            return
+        self._timer.update_last_triggered_step(values.step)
+        if self._save(session, values.step):
+            ctx.request_stop()
+        if preempted:
+            self.wait()
+            logger.warning("Preempted: saved step %d to %s; stopping.", values.step, self.checkpoint_dir)
+
+    def end(self, session) -> None:
+        step = session.step
+        if step != self._timer.last_triggered_step():
+            self._timer.update_last_triggered_step(step)
+            self._save(session, step)
+        for listener in self.listeners:
+            listener.end(session, step)
+
+    def close(self) -> None:
+        checkpoints, self._checkpoints = self._checkpoints, None
+        if checkpoints is not None:
+            checkpoints.close(timeout=self._grace)
+
+    def wait(self) -> None:
+        """Blocks until the save in flight is written (bounded by the session's
+        `stop_grace_period_secs`), raising its error if it failed."""
+        if self._checkpoints is not None:
+            self._checkpoints.wait(self._grace)
+
+    def _save(self, session, step: int) -> bool:
+        """Saves `step`; returns whether a listener asked to stop."""
+        session.sync()  # late hooks (NaN checks) see the last run before its state is saved
+        for listener in self.listeners:
+            listener.before_save(session, step)
+        self._checkpoints.save(step, session.state, session.resume_info(), best=self._best(session, step))
+        self.saved_steps.append(step)
+        logger.info("Saving checkpoint %d to %s.", step, self.checkpoint_dir)
+        stop = False
+        for listener in self.listeners:
+            stop |= bool(listener.after_save(session, step))
+        if stop:
+            logger.info("A CheckpointSaverListener asked to stop after saving step %d.", step)
+        return stop
+
+    def _best(self, session, step: int) -> float | None:
+        if self.best_metric is None:
+            return None
+        if callable(self.best_metric):
+            value = self.best_metric(session)
+        else:
+            outputs = session.last_outputs
+            if self.best_metric not in outputs:
+                return None  # no run yet (the save at creation): kept as the latest only
+            value = np.asarray(outputs[self.best_metric])
+        if value is None:
+            return None
+        value = float(np.asarray(value))
+        if not math.isfinite(value):
+            raise ValueError(f"CheckpointSaverHook best_metric {self.best_metric!r} is {value} at step {step}; "
+                             "it must be a finite number to rank checkpoints.")
+        return value
+
+    def __repr__(self) -> str:
+        return f"CheckpointSaverHook({self.checkpoint_dir!r}, {self._timer!r})"
