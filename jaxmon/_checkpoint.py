@@ -1,7 +1,7 @@
 """Checkpoints on Orbax: one writer per directory, restore of the latest good one.
 
 A jaxmon checkpoint is an Orbax `CheckpointManager` step directory with two items:
-`state` (the state pytree, `StandardSave`; a state that is a single array is saved
+`state` (the state pytree, `PyTreeSave`; a state that is a single array is saved
 as `{"leaf": array}`) and `meta` (JSON: the step, versions, the data iterator's
 position, the hooks' own state, the config). Orbax writes each step
 into a temporary directory and renames it when complete, so a checkpoint cut off by
@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -135,7 +136,10 @@ def check_json(value: Any, what: str) -> Any:
 
 
 def _restore_args(like: Any) -> ocp.args.Composite:
-    return ocp.args.Composite(state=ocp.args.StandardRestore(_wrap(like)), meta=ocp.args.JsonRestore())
+    like = _wrap(like)
+    restore_args = None if like is None else ocp.checkpoint_utils.construct_restore_args(like)
+    return ocp.args.Composite(state=ocp.args.PyTreeRestore(like, restore_args=restore_args),
+                              meta=ocp.args.JsonRestore())
 
 
 def _wrap(state: Any) -> Any:
@@ -177,8 +181,15 @@ class Checkpoints:
             create=writer,
             save_root_metadata=writer,
         )
+        # The state's arrays are copied to host memory for real before save() returns
+        # (on CPU Orbax would otherwise keep views of them, and the next step could not
+        # reuse the donated buffers), and written uncompressed: zstd on float state
+        # saves little space and costs most of the background CPU time that training
+        # loses (benchmarks/checkpoint_save.py).
+        handlers = {"state": ocp.PyTreeCheckpointHandler(enable_pinned_host_transfer=True, use_compression=False),
+                    "meta": ocp.JsonCheckpointHandler()}
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         except BaseException:
             self._unlock()
             raise
@@ -190,7 +201,7 @@ class Checkpoints:
         """Starts saving `state` and `meta` as `step`; returns once the state's arrays
         are copied off the device (the rest is written in the background when async)."""
         self.raise_failure()
-        args = ocp.args.Composite(state=ocp.args.StandardSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
+        args = ocp.args.Composite(state=ocp.args.PyTreeSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
         metrics = None if best is None else {"best": float(best)}
         try:
             self._manager.save(step, args=args, metrics=metrics, force=True)
@@ -236,12 +247,17 @@ class Checkpoints:
 
     def close(self, timeout: float | None = None) -> None:
         """Finishes pending saves (at most `timeout` seconds), then releases the lock."""
+        timed_out = False
         try:
             if self.writer:
                 self.wait(timeout)
+        except TimeoutError:
+            timed_out = True  # closing the manager would wait for that write again
+            raise
         finally:
             try:
-                self._manager.close()
+                if not timed_out:
+                    self._manager.close()
             finally:
                 self._unlock()
 
@@ -329,9 +345,9 @@ def restore_checkpoint(directory: str | os.PathLike, *, step: int | None = None,
     checkpoints = Checkpoints(directory)
     try:
         target = None if like is None else abstract_like(like)
-        if step is not None:
-            return checkpoints.restore(step, target)
-        restored = checkpoints.restore_latest(target)
+        with warnings.catch_warnings():  # without a target, arrays go to the default device, as documented
+            warnings.filterwarnings("ignore", "Sharding info not provided when restoring")
+            restored = checkpoints.restore(step, target) if step is not None else checkpoints.restore_latest(target)
         if restored is None:
             raise FileNotFoundError(f"No checkpoint in {os.path.abspath(directory)}.")
         return restored

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxmon import _checkpoint, _errors, _fetches
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
@@ -61,7 +62,9 @@ class MonitoredSession:
         for pending checkpoint writes.
       handle_sigterm: on SIGTERM, stop at the next step boundary, after a
         `CheckpointSaverHook` saved that step (a second SIGTERM kills as usual).
-        Needs the session to be built in the main thread.
+        Needs the session to be built in the main thread. With several JAX
+        processes, JAX's preemption service handles SIGTERM instead, and every
+        process stops at the step it agreed on (`jax_enable_preemption_service`).
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -129,7 +132,10 @@ class MonitoredSession:
         self._late: collections.deque = collections.deque()
         self._hook_failures: dict[int, int] = {}
         self._preempted = False
-        self._sigterm = _SigtermHandler(self) if handle_sigterm else None
+        # Several JAX processes must stop at one step: JAX's preemption service takes
+        # SIGTERM and names the step (polled in run()); one process handles it itself.
+        self._sync_preemption = jax.process_count() > 1
+        self._sigterm = _SigtermHandler(self) if handle_sigterm and not self._sync_preemption else None
         try:
             for hook in self._hooks:
                 try:
@@ -216,6 +222,8 @@ class MonitoredSession:
         self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
         self._step += 1
         self._last_run = (batch, outputs)
+        if self._sync_preemption:
+            self._poll_preemption()
         if self._preempted:
             self._stop_requested = True
         caller, *results = plan.route(outputs, fetched)
@@ -359,6 +367,14 @@ class MonitoredSession:
                     hook.set_state(saved[key])
         logger.info("Restored step %d from %s.", restored.step, self._checkpoint_dir)
 
+    def _poll_preemption(self) -> None:
+        try:
+            if multihost_utils.reached_preemption_sync_point(self._step):
+                self.request_preemption()
+        except RuntimeError as error:  # the service is off: nothing to poll
+            logger.warning("Not polling JAX's preemption sync point: %s", error)
+            self._sync_preemption = False
+
     def resume_info(self) -> dict[str, Any]:
         """What a checkpoint stores beside the state: the step, the data iterator's
         position (when it has `get_state()`), every hook's `get_state()`, the config,
@@ -394,7 +410,8 @@ class MonitoredSession:
     def request_preemption(self) -> None:
         """Acts as SIGTERM does: save at the next step boundary, then stop."""
         if not self._preempted:
-            logger.warning("Preemption: saving at the next step boundary, then stopping.")
+            logger.warning("Preemption (SIGTERM or request_preemption()): saving at the next step boundary, then "
+                           "stopping; a second SIGTERM exits at once.")
         self._preempted = True
 
     def request_stop(self) -> None:
@@ -534,7 +551,6 @@ class _SigtermHandler:
 
     def _handle(self, signum, frame) -> None:
         if not self._session.preemption_requested:
-            logger.warning("SIGTERM (a second one exits at once).")
             self._session.request_preemption()
             return
         self.uninstall()
