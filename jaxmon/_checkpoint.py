@@ -201,6 +201,14 @@ class Checkpoints:
         """Starts saving `state` and `meta` as `step`; returns once the state's arrays
         are copied off the device (the rest is written in the background when async)."""
         self.raise_failure()
+        existing = os.path.join(self.directory, str(step))
+        # A step left by an earlier run that went on past where this one resumed.
+        if os.path.isdir(existing) and jax.process_index() == 0:
+            aside = f"{existing}.superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+            logger.warning("Checkpoint %s exists from an earlier run; moving it to %s and saving this run's step %d.",
+                           existing, aside, step)
+            os.rename(existing, aside)
+            self._manager.reload()
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
         metrics = None if best is None else {"best": float(best)}
         try:
@@ -246,20 +254,26 @@ class Checkpoints:
             raise
 
     def close(self, timeout: float | None = None) -> None:
-        """Finishes pending saves (at most `timeout` seconds), then releases the lock."""
-        timed_out = False
+        """Finishes pending saves (at most `timeout` seconds), then releases the lock.
+
+        A save still running after `timeout` keeps the lock until it ends (in the
+        background), so no other writer can start on the directory under it."""
         try:
             if self.writer:
                 self.wait(timeout)
         except TimeoutError:
-            timed_out = True  # closing the manager would wait for that write again
+            threading.Thread(target=self._close_now, name="jaxmon-checkpoint-close", daemon=True).start()
             raise
+        except BaseException:
+            self._close_now()
+            raise
+        self._close_now()
+
+    def _close_now(self) -> None:
+        try:
+            self._manager.close()  # waits for a save in flight
         finally:
-            try:
-                if not timed_out:
-                    self._manager.close()
-            finally:
-                self._unlock()
+            self._unlock()
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

@@ -132,6 +132,7 @@ class MonitoredSession:
         self._late: collections.deque = collections.deque()
         self._hook_failures: dict[int, int] = {}
         self._preempted = False
+        self._rejected: str | None = None
         # Several JAX processes must stop at one step: JAX's preemption service takes
         # SIGTERM and names the step (polled in run()); one process handles it itself.
         self._sync_preemption = jax.process_count() > 1
@@ -307,6 +308,7 @@ class MonitoredSession:
         for attempt in itertools.count(1):
             try:
                 restored = self._restore(recovering)
+                self._rejected = None
                 if restored is None:
                     self._state = self._init_fn()
                     self._step = self._initial_step
@@ -400,6 +402,18 @@ class MonitoredSession:
         """True once a stop was requested, data ended, the process got SIGTERM, or the
         session closed."""
         return self._stop_requested or self._preempted or self._closed
+
+    def reject_state(self, reason: str) -> None:
+        """Marks the current state, and every later one of this session (until a
+        recovery re-creates it), as not fit to save: checkpoint saves skip it. A
+        `NanHook` that stops cleanly calls it, so no non-finite state is saved."""
+        if self._rejected is None:
+            self._rejected = reason
+
+    @property
+    def state_rejected(self) -> str | None:
+        """Why the current state must not be saved (see `reject_state`), or None."""
+        return self._rejected
 
     @property
     def preemption_requested(self) -> bool:

@@ -71,6 +71,7 @@ class NanHook(Hook):
                 "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead.",
                 step=values.step, value=shown)
         logger.warning("NaN loss during training: %s; stopping.", where)
+        ctx.session.reject_state(f"NanHook saw {where}")
         ctx.request_stop()
 
     def __repr__(self) -> str:

@@ -160,6 +160,9 @@ class CheckpointSaverHook(Hook):
     def _save(self, session, step: int) -> bool:
         """Saves `step`; returns whether a listener asked to stop."""
         session.sync()  # late hooks (NaN checks) see the last run before its state is saved
+        if session.state_rejected is not None:
+            logger.warning("Not saving step %d to %s: %s.", step, self.checkpoint_dir, session.state_rejected)
+            return False
         for listener in self.listeners:
             listener.before_save(session, step)
         self._checkpoints.save(step, session.state, session.resume_info(), best=self._best(session, step))
