@@ -133,6 +133,7 @@ class MonitoredSession:
         self._hook_failures: dict[int, int] = {}
         self._preempted = False
         self._rejected: str | None = None
+        self._data_rewound = False
         # Several JAX processes must stop at one step: JAX's preemption service takes
         # SIGTERM and names the step (polled in run()); one process handles it itself.
         self._sync_preemption = jax.process_count() > 1
@@ -174,7 +175,7 @@ class MonitoredSession:
                 "before each run (`while not sess.should_stop(): sess.run()`)."
             )
         wanted = _fetches.normalize(fetches, "run(fetches=...)")
-        take_from_data = batch is None and self._data is not None
+        from_data = take_from_data = batch is None and self._data is not None
         try:
             for attempt in itertools.count(1):
                 try:
@@ -187,6 +188,8 @@ class MonitoredSession:
                     logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
                                    error, attempt, self._max_recoveries)
                     self._create_state(recovering=error)
+                    # A batch in hand is past the restored data position: take the next one.
+                    take_from_data = take_from_data or (from_data and self._data_rewound)
         except StopIteration:
             self._stop_requested = True  # end of data: a clean stop
             raise
@@ -308,7 +311,7 @@ class MonitoredSession:
         for attempt in itertools.count(1):
             try:
                 restored = self._restore(recovering)
-                self._rejected = None
+                self._rejected, self._data_rewound = None, False
                 if restored is None:
                     self._state = self._init_fn()
                     self._step = self._initial_step
@@ -340,7 +343,7 @@ class MonitoredSession:
                 if callable(wait) and getattr(hook, "checkpoint_dir", None) is not None:
                     wait()
         if self._like is None:
-            self._like = _checkpoint.abstract_like(jax.eval_shape(self._init_fn))
+            self._like = _restore_target(self._init_fn)
         checkpoints = _checkpoint.Checkpoints(self._checkpoint_dir)
         try:
             return checkpoints.restore_latest(self._like)
@@ -356,6 +359,7 @@ class MonitoredSession:
         if data_state is not None:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(data_state)
+                self._data_rewound = True
             else:
                 logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
                                "the data restarts from where it is.", restored.step)
@@ -543,6 +547,18 @@ def _checkpoint_dir(given: str | os.PathLike | None, hooks: tuple[Hook, ...]) ->
 
     savers = [hook.checkpoint_dir for hook in hooks if isinstance(hook, CheckpointSaverHook)]
     return savers[0] if savers else None
+
+
+def _restore_target(init_fn: Callable[[], Any]) -> Any:
+    """The shapes, dtypes and shardings of the state `init_fn` builds, to restore into.
+
+    `jax.eval_shape` builds nothing, but it loses shardings that `init_fn` sets with
+    `jax.device_put` (those of a jitted `init_fn` with `out_shardings` survive); with
+    several devices and a sharding lost, `init_fn` runs for real, once."""
+    abstract = jax.eval_shape(init_fn)
+    if jax.device_count() > 1 and any(getattr(leaf, "sharding", None) is None for leaf in jax.tree.leaves(abstract)):
+        return _checkpoint.abstract_like(init_fn())
+    return _checkpoint.abstract_like(abstract)
 
 
 def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:
