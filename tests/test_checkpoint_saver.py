@@ -729,3 +729,11 @@ def test_a_ctrl_c_or_an_error_exit_still_commits_the_save_in_flight(interruption
     again = jm.CheckpointSaverHook(tmp_path, save_steps=3)
     again.begin()  # would raise if the lock had not been released
     again.close()
+
+
+def test_saving_compiles_nothing_more_and_a_resumed_run_compiles_once(tmp_path):
+    hooks = [jm.CheckpointSaverHook(tmp_path, save_steps=2, keep_best=1, best_metric="loss")]
+    first = train(hooks, last_step=5, step_fn=metric_step(1))
+    second = train([jm.CheckpointSaverHook(tmp_path, save_steps=2, keep_best=1, best_metric="loss")], last_step=9,
+                   step_fn=metric_step(1))
+    assert (first.compile_count, second.compile_count) == (1, 1) and second.step == 9
