@@ -383,18 +383,19 @@ def checkpoints_iterator(directory: str | os.PathLike, *, timeout: float | None 
       >>> for path in jm.checkpoints_iterator("runs/train", timeout=600):  # doctest: +SKIP
       ...     state, step, meta = jm.restore_checkpoint(path, like=init_fn())
     """
+    def newer_than(last: int | None) -> int | None:
+        steps = complete_steps(directory)
+        return steps[-1] if steps and (last is None or steps[-1] > last) else None
+
     last: int | None = None
     while True:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            steps = complete_steps(directory)
-            if steps and (last is None or steps[-1] > last):
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
+        newest = newer_than(last)
+        while newest is None and (deadline is None or time.monotonic() < deadline):
             time.sleep(poll_secs)
-        if steps and (last is None or steps[-1] > last):
-            last = steps[-1]
+            newest = newer_than(last)
+        if newest is not None:
+            last = newest
             yield os.path.join(os.fspath(directory), str(last))
         elif timeout_fn is None or timeout_fn():
             return

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 from jaxmon import _checkpoint, _errors, _fetches
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._step import CompiledStep
+from jaxmon.hooks._checkpoint import CheckpointSaverHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -116,7 +117,9 @@ class MonitoredSession:
         self._hooks = _check_hooks(() if hooks is None else hooks)
         self._init_fn = init_fn if init_fn is not None else _once(state)
         self._like = None if state is None else _checkpoint.abstract_like(state)
-        self._checkpoint_dir = _checkpoint_dir(checkpoint_dir, self._hooks)
+        self._savers = tuple(hook for hook in self._hooks if isinstance(hook, CheckpointSaverHook))
+        self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else (
+            self._savers[0].checkpoint_dir if self._savers else None)
         self._warm_start = warm_start
         self.warm_start_report: _checkpoint.WarmStartReport | None = None
         self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
@@ -338,10 +341,8 @@ class MonitoredSession:
         if self._checkpoint_dir is None or not _checkpoint.complete_steps(self._checkpoint_dir):
             return None
         if recovering is not None:
-            for hook in self._hooks:  # a save in flight is the checkpoint to go back to
-                wait = getattr(hook, "wait", None)
-                if callable(wait) and getattr(hook, "checkpoint_dir", None) is not None:
-                    wait()
+            for saver in self._savers:  # a save in flight is the checkpoint to go back to
+                saver.wait()
         if self._like is None:
             self._like = _restore_target(self._init_fn)
         checkpoints = _checkpoint.Checkpoints(self._checkpoint_dir)
@@ -538,15 +539,6 @@ def _to_host(values: Any) -> Any:
     if len(leaves) > 4:
         return jax.device_get(values)
     return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
-
-
-def _checkpoint_dir(given: str | os.PathLike | None, hooks: tuple[Hook, ...]) -> str | None:
-    if given is not None:
-        return os.fspath(given)
-    from jaxmon.hooks._checkpoint import CheckpointSaverHook
-
-    savers = [hook.checkpoint_dir for hook in hooks if isinstance(hook, CheckpointSaverHook)]
-    return savers[0] if savers else None
 
 
 def _restore_target(init_fn: Callable[[], Any]) -> Any:

@@ -180,11 +180,8 @@ class CheckpointSaverHook(Hook):
             return None
         if callable(self.best_metric):
             value = self.best_metric(session)
-        else:
-            outputs = session.last_outputs
-            if self.best_metric not in outputs:
-                return None  # no run yet (the save at creation): kept as the latest only
-            value = np.asarray(outputs[self.best_metric])
+        else:  # None before the first run (the save at creation): kept as the latest only
+            value = session.last_outputs.get(self.best_metric)
         if value is None:
             return None
         value = float(np.asarray(value))
