@@ -554,8 +554,16 @@ def _restore_target(init_fn: Callable[[], Any]) -> Any:
 
 
 def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:
-    """Stable keys for the hooks' saved states: position and class name."""
-    return [(f"{i}:{type(hook).__name__}", hook) for i, hook in enumerate(hooks)]
+    """Keys for the hooks' saved states: the class name and which of that class's
+    hooks it is ("StopAtStepHook", "EvalHook#2"). Hooks of other classes added or
+    removed between runs (a chief's standard hooks, a changed setting) shift no key."""
+    seen: dict[str, int] = {}
+    keys = []
+    for hook in hooks:
+        name = type(hook).__name__
+        seen[name] = seen.get(name, 0) + 1
+        keys.append((name if seen[name] == 1 else f"{name}#{seen[name]}", hook))
+    return keys
 
 
 class _SigtermHandler:

@@ -426,7 +426,7 @@ def test_the_metadata_of_a_checkpoint(tmp_path):
         assert meta["jaxmon"] == importlib.metadata.version("jaxmon")
         assert meta["step"] == step
         assert meta["data"] == expected_data.get_state()  # the position after `step` batches
-        assert meta["hooks"]["1:StopAtStepHook"] == {"last_step": 10}
+        assert meta["hooks"]["StopAtStepHook"] == {"last_step": 10}
         assert meta["config"] == config
     # and the saved position resumes the data exactly
     resumed = source()

@@ -1,0 +1,509 @@
+"""MonitoredTrainingSession: TF's standard training services on a MonitoredSession
+(reference section 3, Supervisor's extras from section 4, checklist F items 58-66).
+
+The JAX mapping: the step number is a host int saved in every checkpoint, so "the
+counter reads N after a restart" is the step of the re-created session (and the
+state's own step count, which the checkpoint restored with it). There is no graph:
+item 63 (`save_graph_def`) maps to "no such argument, and nothing like graph.pbtxt or
+.meta is written"; item 64's distribute-coordinator worker maps to `is_chief=False`.
+Every test reads its files back: checkpoints with jm.restore_checkpoint and the
+directory listing, summaries with TensorBoard's own EventAccumulator and
+metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import RecordingHook, events
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import jaxmon as jm
+
+SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
+
+
+# -- shared pieces ---------------------------------------------------------------------------
+
+
+def step_fn(state, batch):
+    """A 2-leaf state: `w` converges to 2, `n` counts the steps the state has seen."""
+    w = state["w"] * 0.5 + 1.0
+    n = state["n"] + 1
+    return {"w": w, "n": n}, {"loss": w, "n": n}
+
+
+def init_fn():
+    return {"w": jnp.zeros((), jnp.float32), "n": jnp.zeros((), jnp.int32)}
+
+
+def loss_at(step):
+    """The `loss` output of step `step` (w_k = 2 - 2**(1 - k))."""
+    return 2.0 - 2.0 ** (1 - step)
+
+
+def train(steps, sleep_after=None, **kwargs):
+    """Runs `steps` steps of a MonitoredTrainingSession (sleeping `sleep_after[i]`
+    seconds after run i where given) and closes it."""
+    with jm.MonitoredTrainingSession(step_fn, init_fn, **kwargs) as sess:
+        for i in range(steps):
+            sess.run()
+            if sleep_after and i in sleep_after:
+                time.sleep(sleep_after[i])
+    return sess
+
+
+def restarted(directory, **kwargs):
+    """Re-creates a training session on `directory` and closes it: (its step, the
+    restored state's own count of steps)."""
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=directory, **kwargs) as sess:
+        return sess.step, int(sess.state["n"])
+
+
+def steps_on_disk(directory):
+    """The committed checkpoints in `directory`, by the directory listing (Orbax names
+    each committed step's directory by its step)."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory)
+                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def saver_of(sess):
+    (saver,) = [hook for hook in sess.hooks if isinstance(hook, jm.CheckpointSaverHook)]
+    return saver
+
+
+def hook_types(sess):
+    return [type(hook) for hook in sess.hooks]
+
+
+def read_events(logdir):
+    acc = EventAccumulator(os.fspath(logdir), size_guidance=SIZE_GUIDANCE)
+    acc.Reload()
+    return acc
+
+
+def scalar_steps(acc, tag):
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def texts(acc, tag):
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def jsonl(logdir):
+    with open(os.path.join(logdir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def event_files(logdir):
+    return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
+
+
+def snapshot(directory):
+    """Every file under `directory` with its size and modification time."""
+    found = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            info = os.stat(path)
+            found[os.path.relpath(path, directory)] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def files_open_under(directory):
+    """The files under `directory` this process holds open (Linux /proc)."""
+    directory = os.path.realpath(directory)
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(directory + os.sep):
+            held.append(target)
+    return held
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory):
+    """A run directory whose latest checkpoint is step 3 (read only by the tests using it)."""
+    directory = tmp_path_factory.mktemp("trained")
+    train(3, checkpoint_dir=directory, save_checkpoint_steps=1)
+    assert steps_on_disk(directory) == [0, 1, 2, 3]
+    return directory
+
+
+# -- 58: defaults, final checkpoint at close -------------------------------------------------
+
+
+def test_default_arguments_restart_finds_the_final_checkpoint(tmp_path):  # item 58
+    sess = train(2, checkpoint_dir=tmp_path)
+    assert sess.is_chief is True  # is_chief=None: jax.process_index() == 0
+    assert hook_types(sess) == [jm.StepCounterHook, jm.SummarySaverHook, jm.CheckpointSaverHook]
+    # The 600 s default period never elapsed: step 0 at creation, step 2 at close.
+    assert saver_of(sess).saved_steps == [0, 2]
+    assert steps_on_disk(tmp_path) == [0, 2]
+    assert jm.latest_checkpoint_step(tmp_path) == 2
+    assert restarted(tmp_path) == (2, 2)
+
+
+# -- 59: save_checkpoint_steps ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("every, saved", [(100, [0, 100]), (40, [0, 40, 80, 100])])
+def test_save_checkpoint_steps_restart_reads_100(tmp_path, every, saved):  # item 59
+    sess = train(100, checkpoint_dir=tmp_path, save_checkpoint_steps=every)
+    assert saver_of(sess).saved_steps == saved  # the last step is saved once, not again at close
+    assert steps_on_disk(tmp_path) == saved
+    assert jm.latest_checkpoint_step(tmp_path) == 100
+    for step in saved:
+        restored = jm.restore_checkpoint(tmp_path, step=step, like=init_fn())
+        assert (restored.step, restored.meta["step"], int(restored.state["n"])) == (step, step, step)
+        assert float(restored.state["w"]) == pytest.approx(0.0 if step == 0 else loss_at(step))
+    assert restarted(tmp_path) == (100, 100)
+
+
+# -- 60: save_checkpoint_secs ----------------------------------------------------------------
+
+
+def test_save_checkpoint_secs_restart_reads_11(tmp_path):  # item 60
+    # The session takes no clock (its hooks do), so this uses TF's real 0.1 s period and
+    # 0.2 s sleep. The sleep guarantees a timed save at step 2, whatever the machine speed.
+    sess = train(11, sleep_after={0: 0.2}, checkpoint_dir=tmp_path, save_checkpoint_secs=0.1, max_to_keep=None)
+    saved = saver_of(sess).saved_steps
+    assert saved[0] == 0 and 2 in saved and saved[-1] == 11
+    assert saved == sorted(set(saved))
+    assert steps_on_disk(tmp_path) == saved  # max_to_keep=None keeps them all
+    assert restarted(tmp_path) == (11, 11)
+
+
+# -- 61: checkpoints off, chief-only hook ------------------------------------------------------
+
+
+@pytest.mark.parametrize("off", [{"save_checkpoint_secs": 0}, {"save_checkpoint_secs": None},
+                                 {"save_checkpoint_steps": 0}])
+def test_checkpoints_off_writes_none_and_chief_only_hook_begins_once(tmp_path, off):  # item 61
+    chief_hook = RecordingHook("chief")
+    sess = train(3, checkpoint_dir=tmp_path, chief_only_hooks=[chief_hook], **off)
+    assert jm.CheckpointSaverHook not in hook_types(sess)
+    assert chief_hook.calls["begin"] == 1
+    assert chief_hook.calls["after_run"] == 3 and chief_hook.calls["end"] == 1
+    assert steps_on_disk(tmp_path) == []
+    assert jm.latest_checkpoint_step(tmp_path) is None
+    assert event_files(tmp_path)  # summaries still go to checkpoint_dir
+    assert restarted(tmp_path, **off) == (0, 0)
+
+
+# -- 62: summaries and global_step/sec -------------------------------------------------------
+
+
+@pytest.mark.parametrize("period", [{"save_summaries_steps": 100}, {"save_summaries_secs": 0.1}])
+def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period):  # item 62
+    sess = train(101, checkpoint_dir=tmp_path, log_step_count_steps=10, **period)
+    assert sess.step == 101
+    assert len(event_files(tmp_path)) == 1  # every hook shares the directory's one event file
+    acc = read_events(tmp_path)
+    assert {"loss", "n", "global_step/sec"} <= set(acc.Tags()["scalars"])
+    loss = [(e.step, e.value) for e in acc.Scalars("loss")]
+    if "save_summaries_steps" in period:
+        assert [step for step, _ in loss] == [1, 101]
+    else:  # the first run always writes; later ones when 0.1 s passed
+        assert loss[0][0] == 1 and all(1 <= step <= 101 for step, _ in loss)
+    assert all(value == pytest.approx(loss_at(step)) for step, value in loss)
+    assert [(e.step, e.value) for e in acc.Scalars("n")][0] == (1, 1.0)
+    # The first trigger (step 1) only starts the clock: rates at 11, 21, ..., 101.
+    rates = acc.Scalars("global_step/sec")
+    assert [e.step for e in rates] == list(range(11, 102, 10))
+    assert all(e.value > 0 for e in rates)
+    lines = jsonl(tmp_path)
+    first = next(line for line in lines if "loss" in line)
+    assert (first["step"], first["loss"], first["n"]) == (1, 1.0, 1)
+    assert [line["step"] for line in lines if "global_step/sec" in line] == list(range(11, 102, 10))
+
+
+# -- 63: no graph --------------------------------------------------------------------------------
+
+
+def test_there_is_no_graph_to_save(tmp_path):  # item 63
+    with pytest.raises(TypeError, match="save_graph_def"):
+        jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "refused", save_graph_def=True)
+    assert not (tmp_path / "refused").exists()
+    sess = train(1, checkpoint_dir=tmp_path / "run", save_checkpoint_steps=1)
+    assert saver_of(sess).saved_steps == [0, 1]
+    written = snapshot(tmp_path / "run")
+    assert any(path.startswith("1" + os.sep) for path in written)
+    assert not [path for path in written if path.endswith((".pbtxt", ".meta", ".pb"))]
+
+
+# -- 64, 65: not the chief -------------------------------------------------------------------------
+
+
+def test_non_chief_runs_only_the_user_hooks_and_still_restores(trained_dir):  # items 64, 65
+    before = snapshot(trained_dir)
+    user, chief_only = RecordingHook("user"), RecordingHook("chief")
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=trained_dir, is_chief=False,
+                                     hooks=[user], chief_only_hooks=[chief_only], save_checkpoint_steps=1,
+                                     save_summaries_steps=1, log_step_count_steps=1,
+                                     config={"role": "worker"}) as sess:
+        assert sess.is_chief is False
+        assert sess.hooks == (user,)
+        assert (sess.step, int(sess.state["n"])) == (3, 3)  # restored from the chief's checkpoint
+        assert sess.summary_dir is None
+        for _ in range(2):
+            sess.run()
+        with pytest.raises(RuntimeError, match="summary writer"):
+            sess.summary_computed({"x": 1.0})
+    assert sess.step == 5 and int(sess.state["n"]) == 5
+    assert chief_only.calls == {}
+    assert [user.calls[e] for e in ("begin", "after_create_session", "after_run", "end")] == [1, 1, 2, 1]
+    assert snapshot(trained_dir) == before  # nothing written: no checkpoint, summary or config
+
+
+def test_non_chief_on_an_empty_directory_starts_fresh_and_creates_nothing(tmp_path):  # items 64, 65
+    sess = train(2, checkpoint_dir=tmp_path / "ckpt", summary_dir=tmp_path / "summaries", is_chief=False)
+    assert sess.hooks == ()
+    assert sess.step == 2 and int(sess.state["n"]) == 2
+    assert os.listdir(tmp_path) == []
+
+
+def test_non_chief_restores_the_user_hooks_state_as_the_chief_does(tmp_path):
+    """Hook states are saved under keys by position in the session's hook list; the
+    chief has 3 standard hooks before the user's, a non-chief none. So a non-chief (in a
+    multi-process job: every process but 0, whose metadata is the one saved) does not get
+    its user hooks' state back, and a StopAtStepHook(num_steps=...) there stops at another
+    step than on the chief."""
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path,
+                                     hooks=[jm.StopAtStepHook(num_steps=3)]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 3 and steps_on_disk(tmp_path) == [0, 3]
+    last_steps = {}
+    for is_chief in (True, False):
+        stop = jm.StopAtStepHook(num_steps=3)
+        with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, is_chief=is_chief,
+                                         hooks=[stop]) as resumed:
+            assert resumed.step == 3
+            last_steps[is_chief] = (stop.last_step, resumed.should_stop())
+    assert last_steps[True] == (3, True)  # the chief resumes the run that ended at 3: it stops at once
+    assert last_steps[False] == last_steps[True]
+
+
+# -- 66: periods: both given, off, defaults ----------------------------------------------------
+
+
+@pytest.mark.parametrize("both", [
+    {"save_checkpoint_secs": 60, "save_checkpoint_steps": 10},
+    {"save_summaries_steps": 10, "save_summaries_secs": 60},
+], ids=["checkpoints", "summaries"])
+def test_both_periods_of_one_service_is_a_value_error_naming_both(tmp_path, both):  # item 66
+    with pytest.raises(ValueError, match="Can not provide both") as info:
+        jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "run", **both)
+    for name, value in both.items():
+        assert f"{name}={value!r}" in str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"save_checkpoint_steps": -1}, {"save_checkpoint_steps": 2.5}, {"save_checkpoint_steps": True},
+    {"save_checkpoint_secs": -1.0}, {"save_summaries_steps": -5}, {"save_summaries_secs": "60"},
+    {"log_step_count_steps": -1}, {"max_wait_secs": -1},
+])
+def test_bad_periods_are_value_errors_naming_the_argument(tmp_path, kwargs):
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "run", **kwargs)
+    assert not (tmp_path / "run").exists()
+
+
+EVERY_100 = "SecondOrStepTimer(every_steps=100)"
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, {"StepCounterHook": EVERY_100, "SummarySaverHook": EVERY_100,
+          "CheckpointSaverHook": "SecondOrStepTimer(every_secs=600)"}),
+    ({"save_checkpoint_secs": jm.USE_DEFAULT, "save_summaries_steps": jm.USE_DEFAULT},
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": EVERY_100,
+      "CheckpointSaverHook": "SecondOrStepTimer(every_secs=600)"}),
+    ({"save_summaries_secs": 30, "save_checkpoint_steps": 50},  # one given: the other off
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": "SecondOrStepTimer(every_secs=30)",
+      "CheckpointSaverHook": "SecondOrStepTimer(every_steps=50)"}),
+    ({"save_summaries_steps": 7, "save_checkpoint_secs": 30, "log_step_count_steps": 3},
+     {"StepCounterHook": "SecondOrStepTimer(every_steps=3)", "SummarySaverHook": "SecondOrStepTimer(every_steps=7)",
+      "CheckpointSaverHook": "SecondOrStepTimer(every_secs=30)"}),
+    ({"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "save_summaries_steps": None,
+      "save_summaries_secs": 20},  # a 0 or None beside a period turns only itself off
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": "SecondOrStepTimer(every_secs=20)",
+      "CheckpointSaverHook": "SecondOrStepTimer(every_steps=50)"}),
+    ({"save_summaries_steps": 0, "save_checkpoint_secs": None, "log_step_count_steps": 0}, {}),
+    ({"save_summaries_steps": None, "save_summaries_secs": None, "save_checkpoint_steps": 0,
+      "save_checkpoint_secs": 0, "log_step_count_steps": None}, {}),
+], ids=["neither", "USE_DEFAULT", "one-given", "other-one-given", "zero-beside-one", "off", "all-off"])
+def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):  # item 66
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, **kwargs) as sess:
+        timers = {type(hook).__name__: re.search(r"SecondOrStepTimer\([^)]*\)", repr(hook)).group(0)
+                  for hook in sess.hooks}
+    assert timers == expected
+    assert list(timers) == [name for name in ("StepCounterHook", "SummarySaverHook", "CheckpointSaverHook")
+                            if name in expected]
+
+
+def test_hook_order_on_the_chief(tmp_path):  # item 66 (TF's order)
+    log = []
+    chief = [RecordingHook("chief1", log), RecordingHook("chief2", log)]
+    user = [RecordingHook("user1", log), RecordingHook("user2", log)]
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, hooks=user,
+                                     chief_only_hooks=chief) as sess:
+        sess.run()
+    assert hook_types(sess) == [RecordingHook, RecordingHook, jm.StepCounterHook, jm.SummarySaverHook,
+                                jm.CheckpointSaverHook, RecordingHook, RecordingHook]
+    assert sess.hooks[:2] == tuple(chief) and sess.hooks[5:] == tuple(user)
+    order = ["chief1", "chief2", "user1", "user2"]
+    for event in ("begin", "after_create_session", "before_run", "after_run", "end"):
+        assert events(log, event) == order
+
+
+def test_summary_dir_separates_summaries_from_checkpoints(tmp_path):
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    train(3, checkpoint_dir=ckpt, summary_dir=logs, save_summaries_steps=2, save_checkpoint_steps=2)
+    assert steps_on_disk(ckpt) == [0, 2, 3] and steps_on_disk(logs) == []
+    assert event_files(logs) and not event_files(ckpt)
+    assert not (ckpt / "metrics.jsonl").exists()
+    assert scalar_steps(read_events(logs), "loss") == [1, 3]
+
+
+# -- Supervisor's summary_computed -------------------------------------------------------------
+
+
+def test_summary_computed_writes_into_the_sessions_event_file(tmp_path):
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, save_summaries_steps=2) as sess:
+        for _ in range(3):
+            sess.run()
+        sess.summary_computed({"acc": 0.5, "note": "hello", "weights": np.arange(4.0),
+                               "device_scalar": jnp.float32(2.5)})
+        sess.summary_computed({"acc": 0.75}, step=10)
+        sess.run()
+    assert len(event_files(tmp_path)) == 1  # the one the hooks write
+    acc = read_events(tmp_path)
+    assert [(e.step, e.value) for e in acc.Scalars("acc")] == [(3, 0.5), (10, 0.75)]
+    assert [(e.step, e.value) for e in acc.Scalars("device_scalar")] == [(3, 2.5)]
+    assert texts(acc, "note") == [(3, "hello")]
+    (weights,) = acc.Histograms("weights")
+    assert (weights.step, weights.histogram_value.num, weights.histogram_value.min,
+            weights.histogram_value.max, weights.histogram_value.sum) == (3, 4, 0.0, 3.0, 6.0)
+    assert scalar_steps(acc, "loss") == [1, 3]  # the hook's own summaries are still there
+    lines = jsonl(tmp_path)
+    assert [(line["step"], line["acc"]) for line in lines if "acc" in line] == [(3, 0.5), (10, 0.75)]
+    assert [(line["step"], line["note"]) for line in lines if "note" in line] == [(3, "hello")]
+    assert not [line for line in lines if "weights" in line]  # histograms stay out of the JSON lines
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"is_chief": False, "checkpoint_dir": "ckpt", "summary_dir": "logs"},
+    {},  # no checkpoint_dir, no summary_dir
+    {"checkpoint_dir": None, "summary_dir": None, "save_summaries_steps": 1},
+], ids=["non-chief", "no-dirs", "no-dirs-summaries-asked"])
+def test_summary_computed_without_a_writer_is_a_runtime_error(tmp_path, monkeypatch, kwargs):
+    monkeypatch.chdir(tmp_path)
+    with jm.MonitoredTrainingSession(step_fn, init_fn, **kwargs) as sess:
+        sess.run()
+        with pytest.raises(RuntimeError, match="summary writer"):
+            sess.summary_computed({"x": 1.0})
+        assert sess.summary_dir is None
+    assert os.listdir(tmp_path) == []
+
+
+def test_summary_computed_takes_a_dict_of_tags(tmp_path):
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path) as sess:
+        for bad in ([("x", 1.0)], {1: 1.0}, 3.0):
+            with pytest.raises(TypeError, match="tag"):
+                sess.summary_computed(bad)
+
+
+def test_summary_computed_after_close_leaves_no_file_open(tmp_path):
+    sess = train(1, checkpoint_dir=tmp_path)
+    assert files_open_under(tmp_path) == []
+    files = event_files(tmp_path)
+    try:
+        sess.summary_computed({"late": 1.0})
+    except RuntimeError:
+        pass  # refusing a closed session is fine too
+    # Either way the closed session must not hold a writer open (nor start a new event file).
+    assert files_open_under(tmp_path) == []
+    assert event_files(tmp_path) == files
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_config_is_saved_in_every_checkpoint_and_written_once_as_text(tmp_path):
+    config = {"lr": 0.1, "model": {"depth": 2, "name": "mlp"}, "tags": ["a", "b"]}
+    train(4, checkpoint_dir=tmp_path, save_checkpoint_steps=2, config=config)
+    assert steps_on_disk(tmp_path) == [0, 2, 4]
+    for step in (0, 2, 4):
+        assert jm.restore_checkpoint(tmp_path, step=step, like=init_fn()).meta["config"] == config
+    (text,) = texts(read_events(tmp_path), "config")
+    assert text[0] == 0 and json.loads(text[1]) == config
+    assert [json.loads(line["config"]) for line in jsonl(tmp_path) if "config" in line] == [config]
+    # A restart files it under the step it resumes at.
+    restarted(tmp_path, config=config)
+    assert [step for step, _ in texts(read_events(tmp_path), "config")] == [0, 4]
+
+
+def test_config_must_be_json(tmp_path):
+    with pytest.raises(TypeError, match="config"):
+        jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "run", config={"f": object()})
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_config_summary_releases_the_checkpoint_dir(tmp_path):
+    """The config summary is written after MonitoredSession.__init__ opened every hook;
+    when it fails, the session must close them again (as a failing hook.begin does)."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "ckpt",
+                                    summary_dir=tmp_path / "file" / "logs", save_summaries_steps=0,
+                                    log_step_count_steps=0, config={"lr": 0.1})
+    # The checkpoint directory's writer lock must be free again for the next try.
+    assert restarted(tmp_path / "ckpt", save_summaries_steps=0, log_step_count_steps=0) == (0, 0)
+    assert files_open_under(tmp_path) == []
+
+
+# -- warm start, PeriodicHook as Supervisor.loop --------------------------------------------------
+
+
+def test_warm_start_applies_on_the_fresh_init_path_only(trained_dir, tmp_path):
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, warm_start=trained_dir) as sess:
+        assert sess.step == 0 and int(sess.state["n"]) == 3  # the pre-trained leaves, a fresh step
+        assert float(sess.state["w"]) == pytest.approx(loss_at(3))
+        assert sorted(sess.warm_start_report.restored) == ["n", "w"]
+        sess.run()
+    with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, warm_start=trained_dir) as again:
+        assert again.warm_start_report is None  # restored its own checkpoint instead
+        assert (again.step, int(again.state["n"])) == (1, 4)
+
+
+def test_periodic_hook_is_supervisors_timer_service(tmp_path):
+    """Supervisor's `summary_op=None` + `loop(...)` pattern: the step's own summaries off,
+    a PeriodicHook writes computed summaries."""
+    calls = []
+
+    def write_summary(session):
+        calls.append(session.step)
+        session.summary_computed({"manual": float(session.step) * 10})
+
+    hook = jm.PeriodicHook(write_summary, every_n_steps=4, at_end=True)
+    sess = train(10, checkpoint_dir=tmp_path, save_summaries_steps=None, log_step_count_steps=None, hooks=[hook])
+    assert jm.SummarySaverHook not in hook_types(sess)
+    assert calls == [1, 5, 9, 10]
+    acc = read_events(tmp_path)
+    assert [(e.step, e.value) for e in acc.Scalars("manual")] == [(s, 10.0 * s) for s in calls]
+    assert "loss" not in acc.Tags()["scalars"]
