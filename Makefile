@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 train: $(STAMP)
-	$(PY) examples/default.py
+	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxmon tests examples benchmarks configs

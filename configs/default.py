@@ -1,12 +1,34 @@
-"""Settings of the default example that `make train` runs (examples/default.py)."""
+"""The default experiment (`make train`): a small CNN on the UCI hand-written digits.
+
+Run: `jaxmon train --config configs/default.py --workdir runs/default`
+Override any value: `--config.optimizer.learning_rate=1e-3`, `--config.steps=500`,
+`--config.hooks.1.every_n_steps=100`.
+"""
 
 
 def get_config() -> dict:
     return {
-        "steps": 2000,  # StopAtStepHook(last_step=steps)
-        "batch_size": 128,
-        "learning_rate": 3e-3,  # Adam
-        "hidden": 64,  # width of the two tanh layers
-        "log_every": 250,  # fetch and print the loss every this many steps
+        "name": "digits-cnn",
         "seed": 0,
+        "steps": 1500,  # the last step (StopAtStepHook)
+        "data": {
+            "source": "jaxmon.datasets:digits",  # fn(split, **rest) -> {"x", "y"}
+            "batch_size": 64,
+            "eval_split": "test",  # 20% of the 1797 images, never trained on
+            "test_fraction": 0.2,
+        },
+        "model": {"name": "jaxmon.models:CNN", "channels": [16, 32], "features": [64], "num_outputs": 10},
+        "task": "classification",  # softmax cross-entropy, accuracy
+        "optimizer": {"name": "adam", "learning_rate": 2e-3},
+        "hooks": [
+            {"name": "ProgressBarHook", "fetches": ["loss", "accuracy"]},
+            {"name": "EvalHook", "every_n_steps": 250},  # eval/loss, eval/accuracy on the test split
+            {"name": "NanHook"},
+        ],
+        "session": {  # MonitoredTrainingSession's arguments
+            "save_checkpoint_steps": 500,
+            "save_summaries_steps": 50,
+            "log_step_count_steps": 250,
+            "max_to_keep": 3,
+        },
     }

@@ -1,13 +1,11 @@
-"""The default example: a Flax linen MLP learns y = sin(3x) through a MonitoredSession.
+"""A first loop: a Flax linen MLP learns y = sin(3x) through a MonitoredSession.
 
-Run with `make train` (or `.venv/bin/python examples/default.py`); its settings are in
-`configs/default.py`.
+Run: `.venv/bin/python examples/first_loop.py`. (`make train` runs the config-driven
+default experiment instead: `jaxmon train --config configs/default.py`.)
 """
 
 from __future__ import annotations
 
-import pathlib
-import runpy
 import time
 
 import flax.linen as nn
@@ -18,7 +16,14 @@ import optax
 
 import jaxmon as jm
 
-CONFIG = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "configs" / "default.py"))["get_config"]()
+CONFIG = {
+    "steps": 2000,  # StopAtStepHook(last_step=steps)
+    "batch_size": 128,
+    "learning_rate": 3e-3,  # Adam
+    "hidden": 64,  # width of the two tanh layers
+    "log_every": 250,  # fetch and print the loss every this many steps
+    "seed": 0,
+}
 
 
 class MLP(nn.Module):

@@ -1,8 +1,11 @@
 """jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
 
+from jaxmon import datasets, models
 from jaxmon._checkpoint import Restored, WarmStartReport, checkpoints_iterator, restore_checkpoint
+from jaxmon._config import ConfigError, apply_overrides, load_config
 from jaxmon._data import ArrayDataSource
 from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
+from jaxmon._experiment import train_experiment
 from jaxmon._hook import (
     Hook,
     RunArgs,
@@ -16,6 +19,7 @@ from jaxmon._hook import (
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
 from jaxmon._summary import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
+from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
 from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
 from jaxmon.hooks import (
     CheckpointSaverHook,
@@ -47,6 +51,7 @@ __all__ = [
     "AbortedError",
     "ArrayDataSource",
     "CheckpointSaverHook",
+    "ConfigError",
     "CheckpointSaverListener",
     "EarlyStoppingHook",
     "EvalHook",
@@ -60,6 +65,7 @@ __all__ = [
     "LoggingHook",
     "LoggingTensorHook",
     "MonitoredSession",
+    "MonitoredTrainingSession",
     "MultiWriter",
     "NanHook",
     "NanLossDuringTrainingError",
@@ -85,9 +91,15 @@ __all__ = [
     "TensorBoardWriter",
     "Text",
     "TrainState",
+    "USE_DEFAULT",
     "UnavailableError",
     "WarmStartReport",
+    "apply_overrides",
     "checkpoints_iterator",
+    "datasets",
     "latest_checkpoint_step",
+    "load_config",
+    "models",
     "restore_checkpoint",
+    "train_experiment",
 ]

@@ -53,6 +53,17 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
     return sorted(int(name) for name in names if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
 
 
+def read_meta(step_directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The `meta` item of one step's checkpoint (JSON), read without restoring the
+    state; None if it is missing or unreadable."""
+    try:
+        with open(os.path.join(step_directory, "meta", "metadata")) as file:
+            meta = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def abstract_like(state: Any) -> Any:
     """The restore target of a state: shapes, dtypes and shardings, no data."""
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])

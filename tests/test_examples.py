@@ -1,4 +1,4 @@
-"""The default example (what `make train` runs) trains and prints its result."""
+"""The examples that come with the README train and report their results."""
 
 import pathlib
 import re
@@ -8,8 +8,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_the_default_example_trains_and_reports_its_loss():
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "default.py")],
+def test_the_first_loop_example_trains_and_reports_its_loss():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "first_loop.py")],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]

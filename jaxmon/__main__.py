@@ -1,0 +1,7 @@
+"""`python -m jaxmon`: the `jaxmon` command."""
+
+import sys
+
+from jaxmon._cli import main
+
+sys.exit(main())

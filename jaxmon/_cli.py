@@ -1,0 +1,229 @@
+"""The `jaxmon` command: train from a config, inspect a run, plot its curves."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_DESCRIPTION = """\
+Train, inspect and plot jaxmon runs.
+
+  jaxmon train --config configs/default.py --workdir runs/default
+  jaxmon train --config configs/default.py --workdir runs/lr --config.optimizer.learning_rate=1e-3
+  jaxmon inspect runs/default
+  jaxmon plot runs/default
+
+A run's directory holds its checkpoints (one directory per step), TensorBoard event
+files (`tensorboard --logdir runs`) and metrics.jsonl (one JSON line per step).
+"""
+
+_TRAIN = """\
+Train the experiment a config file describes, in WORKDIR. If WORKDIR has checkpoints,
+training resumes from the latest one (state, step, data position and hooks), so the same
+command continues an interrupted run. The config is a Python file whose get_config()
+returns a dict (see configs/default.py) or a YAML file. Override any value with
+--config.KEY=VALUE (dotted keys, list items by index: --config.hooks.1.every_n_steps=100);
+the value must have the type of the value it replaces, and an unknown key is an error.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `jaxmon` command; returns its exit code."""
+    parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    train = commands.add_parser("train", help="train from a config (resumes from WORKDIR)", description=_TRAIN,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="jaxmon train --config FILE --workdir DIR [--config.KEY=VALUE ...]")
+    train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
+    train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
+    train.add_argument("--quiet", action="store_true", help="log warnings only")
+    inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
+                                  description="List a run's checkpoints (step, size, time), its latest "
+                                              "metrics and the config it was trained with.")
+    inspect.add_argument("workdir", metavar="DIR")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    plot = commands.add_parser("plot", help="PNG curves of a run's scalar summaries (needs matplotlib)",
+                               description="Plot every scalar of DIR/metrics.jsonl against the step into a "
+                                           "PNG (matplotlib: pip install 'jaxmon[plot]').")
+    plot.add_argument("workdir", metavar="DIR")
+    plot.add_argument("--out", metavar="PNG", help="the image to write (default DIR/metrics.png)")
+    plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = [arg for arg in argv if arg.startswith("--config.")]
+    args = parser.parse_args([arg for arg in argv if not arg.startswith("--config.")])
+    if overrides and args.command != "train":
+        parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
+    from jaxmon._config import ConfigError
+
+    try:
+        if args.command == "train":
+            return _train(args, overrides)
+        if args.command == "inspect":
+            return _inspect(args)
+        return _plot(args)
+    except ConfigError as error:
+        print(f"jaxmon {args.command}: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `jaxmon inspect DIR | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from jaxmon._config import load_config
+    from jaxmon._experiment import train_experiment
+
+    config = load_config(args.config, overrides)
+    log = logging.getLogger("jaxmon")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False  # libraries may have configured the root logger too
+    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    train_experiment(config, args.workdir, report=lambda line: print(line, flush=True))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = run_info(args.workdir)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    print(f"run {info['workdir']}")
+    if info["checkpoints"]:
+        print(f"checkpoints ({len(info['checkpoints'])}):")
+        for item in info["checkpoints"]:
+            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}")
+    else:
+        print("checkpoints: none")
+    if info["metrics"]:
+        print("latest metrics:")
+        width = max(len(tag) for tag in info["metrics"])
+        for tag, (step, value) in sorted(info["metrics"].items()):
+            print(f"  {tag:<{width}}  {value:.6g}  (step {step})")
+    else:
+        print("latest metrics: none (no metrics.jsonl)")
+    if info["config"] is not None:
+        print("config:")
+        for line in json.dumps(info["config"], indent=2, sort_keys=True).splitlines():
+            print(f"  {line}")
+    else:
+        print("config: none saved")
+    return 0
+
+
+def run_info(workdir: str) -> dict[str, Any]:
+    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time), the
+    latest value of each scalar in metrics.jsonl, and the latest checkpoint's config."""
+    from jaxmon._checkpoint import complete_steps, read_meta
+
+    if not os.path.isdir(workdir):
+        from jaxmon._config import ConfigError
+
+        raise ConfigError(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
+    checkpoints = []
+    for step in complete_steps(workdir):
+        path = os.path.join(workdir, str(step))
+        meta = read_meta(path) or {}
+        when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
+            timespec="seconds")
+        checkpoints.append({"step": step, "bytes": _du(path), "time": when})
+    metrics: dict[str, tuple[int, float]] = {}
+    path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path) as file:
+            for line in file:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                for tag, value in record.items():
+                    if tag not in ("step", "wall_time") and isinstance(value, (int, float)) and math.isfinite(value):
+                        metrics[tag] = (record["step"], value)
+    config = None
+    if checkpoints:
+        config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
+    return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config}
+
+
+def _plot(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("jaxmon plot needs matplotlib: pip install 'jaxmon[plot]' (or pip install matplotlib).",
+              file=sys.stderr)
+        return 2
+    path = os.path.join(args.workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        print(f"jaxmon plot: no metrics.jsonl in {args.workdir!r}; summaries of a run go there "
+              "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
+        return 2
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    with open(path) as file:
+        for line in file:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            for tag, value in record.items():
+                if tag in ("step", "wall_time") or not isinstance(value, (int, float)):
+                    continue
+                steps, values = series.setdefault(tag, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+    if args.tags:
+        missing = sorted(set(args.tags) - set(series))
+        if missing:
+            print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
+                  file=sys.stderr)
+            return 2
+        series = {tag: series[tag] for tag in args.tags}
+    if not series:
+        print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
+        return 2
+    tags = sorted(series)
+    columns = min(3, len(tags))
+    rows = math.ceil(len(tags) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(tags):]:
+        ax.set_visible(False)
+    for ax, tag in zip(axes.flat, tags, strict=False):
+        steps, values = series[tag]
+        ax.plot(steps, values, marker="." if len(steps) < 50 else None)
+        ax.set_title(tag)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    figure.suptitle(os.path.abspath(args.workdir), fontsize=9)
+    figure.tight_layout()
+    out = args.out or os.path.join(args.workdir, "metrics.png")
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    print(f"wrote {out} ({len(tags)} scalars: {', '.join(tags)})")
+    return 0
+
+
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Experiment configs: Python files with `get_config()` (or YAML), and type-checked
+command-line overrides such as `--config.optimizer.learning_rate=3e-4`."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import difflib
+import os
+import runpy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["ConfigError", "apply_overrides", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded, or an override that does not fit it."""
+
+
+def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """Loads an experiment config and applies overrides to it.
+
+    Args:
+      path: a Python file defining `get_config()` that returns a dict (or an
+        `ml_collections.ConfigDict`, or anything with `to_dict()`), or a YAML file.
+      overrides: `"key.sub=value"` strings (a leading `--config.` is allowed); see
+        `apply_overrides`.
+
+    Returns:
+      The config as plain nested dicts and lists.
+
+    Example:
+      >>> import pathlib, tempfile
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "exp.py"
+      >>> _ = path.write_text("def get_config():\\n    return {'optimizer': {'learning_rate': 0.1}}\\n")
+      >>> load_config(path, ["--config.optimizer.learning_rate=3e-4"])
+      {'optimizer': {'learning_rate': 0.0003}}
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
+                          "defining get_config() (e.g. configs/default.py) or a YAML file.")
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        with open(path) as file:
+            config = yaml.safe_load(file)
+    else:
+        namespace = runpy.run_path(path)
+        if not callable(namespace.get("get_config")):
+            raise ConfigError(f"The config file {path} defines no get_config(); "
+                              "add `def get_config(): return {...}`.")
+        config = namespace["get_config"]()
+    config = _plain(config)
+    if not isinstance(config, dict):
+        raise ConfigError(f"The config of {path} must be a dict (or a ConfigDict); got {type(config).__name__}.")
+    return apply_overrides(config, overrides)
+
+
+def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Returns a copy of `config` with each `"a.b.c=value"` applied.
+
+    The value is read as a Python literal (`3e-4`, `True`, `[64, 64]`, `'adam'`); text
+    that is not a literal stays a string. It must fit the type of the value it
+    replaces: an int for an int, a number for a float, True/False for a bool, a string
+    for a string, a list for a list; a key whose value is None takes any literal.
+    List items are addressed by index (`hooks.0.every_n_steps=50`). An unknown key is
+    an error naming it and the nearest known one.
+
+    Example:
+      >>> apply_overrides({"steps": 100, "optimizer": {"name": "adam"}}, ["steps=200", "optimizer.name=sgd"])
+      {'steps': 200, 'optimizer': {'name': 'sgd'}}
+    """
+    config = copy.deepcopy(dict(config))
+    for override in overrides:
+        text = override[len("--config."):] if override.startswith("--config.") else override
+        key, equals, raw = text.partition("=")
+        if not equals or not key:
+            raise ConfigError(f"A config override looks like --config.key.sub=value; got {override!r}.")
+        parent, leaf = _locate(config, key.split("."))
+        parent[leaf] = _coerce(key, raw, parent[leaf])
+    return config
+
+
+def _locate(config: dict, parts: list[str]) -> tuple[Any, Any]:
+    node: Any = config
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[:depth])
+        if isinstance(node, dict):
+            if part not in node:
+                raise ConfigError(_unknown(".".join(parts), part, here, list(node), config))
+            key: Any = part
+        elif isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here or 'the config'} is a list of "
+                                  f"{len(node)} items; address one by its index 0..{len(node) - 1}.")
+            key = int(part)
+        else:
+            raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here!r} is a {type(node).__name__} "
+                              f"({node!r}), which has no keys.")
+        if depth == len(parts) - 1:
+            return node, key
+        node = node[key]
+    raise ConfigError("An empty config key.")
+
+
+def _unknown(full: str, part: str, here: str, siblings: list[str], config: dict) -> str:
+    prefix = f"{here}." if here else ""
+    close = difflib.get_close_matches(part, [str(s) for s in siblings], n=1, cutoff=0.5)
+    if close:
+        hint = f"Did you mean {prefix + close[0]!r}?"
+    else:
+        everywhere = difflib.get_close_matches(full, list(_paths(config)), n=1, cutoff=0.5)
+        hint = f"Did you mean {everywhere[0]!r}?" if everywhere else ""
+    known = ", ".join(sorted(str(s) for s in siblings)) or "none"
+    hint += " " if hint else ""
+    return f"Unknown config key {full!r}: {here or 'the config'} has no key {part!r}. {hint}Its keys: {known}."
+
+
+def _paths(node: Any, prefix: str = "") -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield prefix + str(key)
+            yield from _paths(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _paths(value, f"{prefix}{i}.")
+
+
+_TRUE, _FALSE = {"true", "yes", "on"}, {"false", "no", "off"}
+
+
+def _coerce(key: str, raw: str, old: Any) -> Any:
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    if old is None:
+        return value
+    if isinstance(old, bool):
+        if isinstance(value, bool):
+            return value
+        if raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
+    elif isinstance(old, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(old, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(old, str):
+        return raw if not isinstance(value, str) else value
+    elif isinstance(old, (list, tuple)):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    elif isinstance(old, dict):
+        if isinstance(value, dict):
+            return value
+    else:
+        return value
+    raise ConfigError(f"Config key {key!r} is {_kind(old)} ({old!r}); the override {raw!r} is "
+                      f"{_kind(value)}. Pass {_kind(old)}, e.g. --config.{key}={old!r}.")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "text"
+    name = type(value).__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _plain(config: Any) -> Any:
+    """Plain dicts and lists from a ConfigDict, tuples or nested mappings."""
+    if hasattr(config, "to_dict") and callable(config.to_dict):
+        config = config.to_dict()
+    if isinstance(config, Mapping):
+        return {str(key): _plain(value) for key, value in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [_plain(value) for value in config]
+    return config
