@@ -85,13 +85,23 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     config = load_config(args.config, overrides)
     log = logging.getLogger("jaxmon")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _ClearLineHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.propagate = False  # libraries may have configured the root logger too
     log.setLevel(logging.WARNING if args.quiet else logging.INFO)
     train_experiment(config, args.workdir, report=lambda line: print(line, flush=True))
     return 0
+
+
+class _ClearLineHandler(logging.StreamHandler):
+    """Logs to stderr; on a terminal, first clears the line a progress bar is drawn on
+    (the bar redraws itself below)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(self.stream, "isatty", lambda: False)():
+            self.stream.write("\r\x1b[K")
+        super().emit(record)
 
 
 def _inspect(args: argparse.Namespace) -> int:
