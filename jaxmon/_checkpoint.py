@@ -85,6 +85,12 @@ class WarmStartReport(NamedTuple):
     fresh: list[str]  # not in the checkpoint: left as init_fn made them
     mismatched: list[str]  # in the checkpoint with another shape or dtype: left fresh
     unused: list[str]  # in the checkpoint, not in the state
+    skipped: list[str] = []  # training bookkeeping (optimizer state, step, rng): never warm-started
+
+
+#: A state with `params` at its top level warm-starts only these parts (TF's warm start
+#: took the model's variables, not the optimizer's slots or the global step).
+MODEL_PARTS = ("params", "extras", "batch_stats")
 
 
 def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> tuple[Any, WarmStartReport | None]:
@@ -93,12 +99,16 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
         return source(state), None
     saved = restore_checkpoint(source).state
     by_path = {_path_name(path): value for path, value in jax.tree_util.tree_flatten_with_path(saved)[0]}
-    restored, fresh, mismatched, leaves = [], [], [], []
+    restored, fresh, mismatched, skipped, leaves = [], [], [], [], []
     paths, tree = jax.tree_util.tree_flatten_with_path(state)
+    model_only = any(_path_name(path[:1]) == "params" for path, _ in paths)
     for path, leaf in paths:
         name = _path_name(path)
         value = by_path.pop(name, None)
-        if value is None:
+        if model_only and _path_name(path[:1]) not in MODEL_PARTS:
+            skipped.append(name)
+            value = None
+        elif value is None:
             fresh.append(name)
         elif value.shape != leaf.shape or value.dtype != leaf.dtype:
             mismatched.append(f"{name} (checkpoint {value.dtype}{list(value.shape)}, state {leaf.dtype}"
@@ -108,9 +118,10 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
             restored.append(name)
             value = jax.device_put(value, getattr(leaf, "sharding", None))
         leaves.append(leaf if value is None else value)
-    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path))
+    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path), skipped)
     logger.info("Warm start from %s: restored %d leaves %s; left fresh %s; shape or dtype differs %s; "
-                "not in the state %s.", report.source, len(restored), restored, fresh, mismatched, report.unused)
+                "not in the state %s; optimizer state, step and rng left fresh %s.", report.source,
+                len(restored), restored, fresh, mismatched, report.unused, skipped)
     return jax.tree.unflatten(tree, leaves), report
 
 

@@ -57,7 +57,9 @@ class MonitoredSession:
       warm_start: on the fresh-init path only: a checkpoint (a run's directory or one
         step's directory) whose leaves replace those of the fresh state where path,
         shape and dtype match (`warm_start_report` says which), or a function
-        `state -> state`.
+        `state -> state`. A state with `params` (e.g. `jm.TrainState`) takes only its
+        `params`, `extras` and `batch_stats` from the checkpoint: the optimizer state,
+        step counter and RNG start fresh, as in TF's warm start.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` (and a save on SIGTERM) may wait
         for pending checkpoint writes.

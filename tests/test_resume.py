@@ -402,8 +402,10 @@ def test_warm_start_of_a_train_state_with_another_optimizer_takes_the_params(tmp
         assert isinstance(sess.state, jm.TrainState)
         for key in ("w", "b"):
             assert np.array_equal(np.asarray(sess.state.params[key]), np.asarray(trained.state.params[key]))
+        assert int(sess.state.step) == 0  # the optimizer's step count starts fresh, as in TF
     report = sess.warm_start_report
-    assert sorted(report.restored) == ["params/b", "params/w", "rng", "step"]
+    assert sorted(report.restored) == ["params/b", "params/w"]
+    assert sorted(report.skipped) == ["rng", "step"]  # training bookkeeping is never warm-started
     assert report.fresh == report.mismatched == []
     assert report.unused and all(name.startswith("opt_state/") for name in report.unused)  # Adam's moments
     with pytest.raises(FileNotFoundError):

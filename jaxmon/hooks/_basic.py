@@ -44,11 +44,17 @@ class NanHook(Hook):
         # An output name is read from the outputs as they are: nothing to fetch, per step
         # the hook costs one late call and one read of a finished array.
         self._args = RunArgs(late=True) if isinstance(fetch, str) else RunArgs({"value": fetch}, late=True)
+        self._stopped = False  # after a clean stop, the runs already queued need no second warning
+
+    def begin(self) -> None:
+        self._stopped = False
 
     def before_run(self, ctx: RunContext) -> RunArgs:
         return self._args
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self._stopped:
+            return
         if isinstance(self.fetch, str):
             if self.fetch not in values.outputs:
                 raise ValueError(f"NanHook checks {self.fetch!r}, which is not an output of the step function; "
@@ -71,6 +77,7 @@ class NanHook(Hook):
                 "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead.",
                 step=values.step, value=shown)
         logger.warning("NaN loss during training: %s; stopping.", where)
+        self._stopped = True
         ctx.session.reject_state(f"NanHook saw {where}")
         ctx.request_stop()
 

@@ -23,14 +23,26 @@ logger = logging.getLogger("jaxmon")
 
 
 def show_info_logs() -> None:
-    """Makes jaxmon's INFO lines visible when the program configured no logging at all
-    (Python would print only warnings); a program's own logging setup wins."""
+    """Makes jaxmon's INFO lines (logged values, step rates, evaluations) visible unless
+    the program chose otherwise.
+
+    Python shows only warnings by default, and libraries that log through the
+    module-level `logging.info` (absl, hence Orbax) give the root logger a handler as a
+    side effect, so "no handler" cannot tell whether the program set logging up. The
+    rule: if the `jaxmon` logger has no level of its own and the root logger is at its
+    default WARNING, the `jaxmon` logger is set to INFO; its lines then go to the root
+    logger's handlers, or, when there are none yet, to a handler of its own (not
+    propagated, so a handler added to the root later does not print them twice). Set
+    `logging.getLogger("jaxmon").setLevel(...)` (or the root's level) to choose.
+    """
+    if logger.level != logging.NOTSET or logging.getLogger().level != logging.WARNING:
+        return
+    logger.setLevel(logging.INFO)
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 class LoggingHook(Hook):

@@ -1,0 +1,107 @@
+"""The examples in examples/ run as programs, and what they print and write holds up."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+import jaxmon as jm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True,
+                            text=True, timeout=240, cwd=ROOT, env=env)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_custom_validation_hook_tracks_accuracy_with_one_compilation(tmp_path):
+    result = run_example("custom_hook.py", "--steps", "120", "--every", "40", "--workdir", str(tmp_path))
+    match = re.fullmatch(r"final validation accuracy ([\d.]+) \(loss ([\d.]+)\) after 120 steps", last_line(result))
+    assert match, result.stdout
+    summary = json.loads((tmp_path / "history.json").read_text())
+    history = summary["history"]
+    assert [entry["step"] for entry in history] == [0, 40, 80, 120]
+    assert summary["eval_compilations"] == 1
+    first, final = history[0], history[-1]
+    assert first["accuracy"] < 0.3  # ten classes: chance is 0.1
+    assert final["accuracy"] > 0.85 and final["loss"] < first["loss"] / 4
+    assert float(match[1]) == round(final["accuracy"], 4)
+    # Each evaluation was also printed as it happened.
+    printed = re.findall(r"step +(\d+) +validation loss ([\d.]+) +accuracy ([\d.]+)", result.stdout)
+    assert [int(step) for step, _, _ in printed] == [0, 40, 80, 120]
+    assert [float(acc) for _, _, acc in printed] == [round(entry["accuracy"], 4) for entry in history]
+
+
+def test_warm_start_takes_the_shared_trunk_and_then_resumes_from_its_own_checkpoint(tmp_path):
+    result = run_example("warm_start.py", "--steps", "60", "--workdir", str(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    trunk = {f"params/{layer}/{leaf}" for layer in ("trunk_0", "trunk_1") for leaf in ("kernel", "bias")}
+    assert set(summary["restored"]) == trunk  # the model only: the optimizer and step start fresh
+    assert "step" in summary["skipped"] and "opt_state/0/mu/trunk_0/kernel" in summary["skipped"]
+    assert not [leaf for leaf in summary["restored"] if "head" in leaf]
+    head = [leaf for leaf in summary["mismatched"] if leaf.startswith("params/head/")]
+    assert sorted(leaf.split(" ")[0] for leaf in head) == ["params/head/bias", "params/head/kernel"]
+    assert "params/head/kernel (checkpoint float32[64, 10], state float32[64, 3])" in head
+    assert summary["start_step"] == 0 and summary["trunk_restored"] and summary["head_fresh"]
+    assert summary["resumed_at"] == 30 and summary["second_warm_start_report"] is None
+    assert summary["resumed_params_equal"]
+    assert "resumed at step 30 from its own checkpoint" in last_line(result)
+
+    # The checkpoints themselves: fine-tuning's step 0 holds the pre-trained trunk and a
+    # head of the new shape; it then saved its own steps up to 60.
+    pretrained = jm.restore_checkpoint(tmp_path / "pretrain").state["params"]
+    warm = jm.restore_checkpoint(tmp_path / "finetune", step=0).state["params"]
+    for layer in ("trunk_0", "trunk_1"):
+        for leaf in ("kernel", "bias"):
+            np.testing.assert_array_equal(warm[layer][leaf], pretrained[layer][leaf])
+    assert pretrained["head"]["kernel"].shape == (64, 10) and warm["head"]["kernel"].shape == (64, 3)
+    final = jm.restore_checkpoint(tmp_path / "finetune")
+    assert final.step == 60 and final.meta["step"] == 60
+    assert not np.array_equal(final.state["params"]["trunk_0"]["kernel"], warm["trunk_0"]["kernel"])
+
+
+def test_nnx_model_trains_with_built_in_hooks(tmp_path):
+    result = run_example("nnx_model.py", "--steps", "150", "--workdir", str(tmp_path))
+    match = re.fullmatch(r"train loss ([\d.]+) -> ([\d.]+) \(mean of the first and last (\d+) steps\), "
+                         r"test accuracy ([\d.]+)", last_line(result))
+    assert match, result.stdout
+    first, last, test_accuracy = float(match[1]), float(match[2]), float(match[4])
+    assert last < 0.5 * first and test_accuracy > 0.85  # three classes: chance is 1/3
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = {row["step"]: row["loss"] for row in rows if "loss" in row}
+    assert sorted(losses) == list(range(1, 151, 10))
+    assert losses[141] < 0.5 * losses[1]
+    assert "loss = " in result.stderr  # LoggingHook's lines
+
+
+def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
+    result = run_example("char_lm.py", "--steps", "120", "--workdir", str(tmp_path))
+    match = re.fullmatch(r"validation loss ([\d.]+) -> ([\d.]+) nats/char \(unigram entropy ([\d.]+), "
+                         r"[\d.]+ perplexity\) after 120 steps", last_line(result))
+    assert match, result.stdout
+    start, final, entropy = float(match[1]), float(match[2]), float(match[3])
+    assert 2.0 < entropy < 4.5 and final < entropy - 0.3 and final < start - 2.0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [entry["step"] for entry in summary["history"]] == [0, 30, 60, 90, 120]
+    assert summary["eval_compilations"] == 1
+    losses = [entry["loss"] for entry in summary["history"]]
+    assert losses == sorted(losses, reverse=True)
+    # The EvalHook's values went to metrics.jsonl beside the training summaries.
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "eval/loss" in row] == [0, 30, 60, 90, 120]
+    assert any("loss" in row for row in rows)
+    sample = re.search(r"--- sample ---\n(.*)\n--- end ---", result.stdout, re.DOTALL)
+    assert sample, result.stdout
+    assert sample[1] == summary["sample"] and sample[1].startswith("    def ") and len(sample[1]) == 108
