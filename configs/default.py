@@ -21,14 +21,17 @@ def get_config() -> dict:
         "task": "classification",  # softmax cross-entropy, accuracy
         "optimizer": {"name": "adam", "learning_rate": 2e-3},
         "hooks": [
-            {"name": "ProgressBarHook", "fetches": ["loss", "accuracy"]},
+            {"name": "ProgressBarHook", "fetches": ["loss", "accuracy"]},  # chief_only by default
             {"name": "EvalHook", "every_n_steps": 250},  # eval/loss, eval/accuracy on the test split
             {"name": "NanHook"},
         ],
-        "session": {  # MonitoredTrainingSession's arguments
+        "session": {  # MonitoredTrainingSession's arguments (None turns a setting off)
             "save_checkpoint_steps": 500,
+            "save_checkpoint_secs": None,  # or every N seconds (then save_checkpoint_steps=None)
             "save_summaries_steps": 50,
+            "save_summaries_secs": None,
             "log_step_count_steps": 250,
             "max_to_keep": 3,
         },
+        "warm_start": None,  # a checkpoint directory to take the model's parameters from, on a fresh start
     }

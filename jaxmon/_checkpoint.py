@@ -85,12 +85,13 @@ class WarmStartReport(NamedTuple):
     fresh: list[str]  # not in the checkpoint: left as init_fn made them
     mismatched: list[str]  # in the checkpoint with another shape or dtype: left fresh
     unused: list[str]  # in the checkpoint, not in the state
-    skipped: list[str] = []  # training bookkeeping (optimizer state, step, rng): never warm-started
+    skipped: tuple[str, ...] = ()  # training bookkeeping (optimizer state, step, rng): never warm-started
 
 
-#: A state with `params` at its top level warm-starts only these parts (TF's warm start
-#: took the model's variables, not the optimizer's slots or the global step).
-MODEL_PARTS = ("params", "extras", "batch_stats")
+#: In a state with `params` at its top level (a TrainState), these parts are training
+#: bookkeeping, which a warm start leaves fresh: TF's warm start took the model's
+#: variables, not the optimizer's slots or the global step.
+BOOKKEEPING = ("opt_state", "step", "rng")
 
 
 def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> tuple[Any, WarmStartReport | None]:
@@ -105,7 +106,7 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
     for path, leaf in paths:
         name = _path_name(path)
         value = by_path.pop(name, None)
-        if model_only and _path_name(path[:1]) not in MODEL_PARTS:
+        if model_only and _path_name(path[:1]) in BOOKKEEPING:
             skipped.append(name)
             value = None
         elif value is None:
@@ -118,7 +119,7 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
             restored.append(name)
             value = jax.device_put(value, getattr(leaf, "sharding", None))
         leaves.append(leaf if value is None else value)
-    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path), skipped)
+    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path), tuple(skipped))
     logger.info("Warm start from %s: restored %d leaves %s; left fresh %s; shape or dtype differs %s; "
                 "not in the state %s; optimizer state, step and rng left fresh %s.", report.source,
                 len(restored), restored, fresh, mismatched, report.unused, skipped)

@@ -25,12 +25,22 @@ files (`tensorboard --logdir runs`) and metrics.jsonl (one JSON line per step).
 """
 
 _TRAIN = """\
-Train the experiment a config file describes, in WORKDIR. If WORKDIR has checkpoints,
-training resumes from the latest one (state, step, data position and hooks), so the same
-command continues an interrupted run. The config is a Python file whose get_config()
-returns a dict (see configs/default.py) or a YAML file. Override any value with
---config.KEY=VALUE (dotted keys, list items by index: --config.hooks.1.every_n_steps=100);
-the value must have the type of the value it replaces, and an unknown key is an error.
+Train the experiment a config file describes, in DIR. If DIR has checkpoints, training
+resumes from the latest one (state, step, data position and hooks), so the same command
+continues an interrupted run; changing the model, data, task, seed or optimizer of a
+run that has checkpoints is an error (start a new DIR, or warm-start from the old one
+with --config.warm_start=OLD_DIR).
+
+The config is a Python file whose get_config() returns a dict, or a YAML file, with the
+sections seed, steps, data, model, task, optimizer, hooks, session and warm_start:
+configs/default.py shows and explains each. Override any value with --config.KEY=VALUE
+(dotted keys, list items by index: --config.hooks.1.every_n_steps=100; None turns a
+setting off); the value must have the type of the value it replaces, and an unknown
+key is an error listing the keys that exist there.
+
+Exit codes: 0 trained (or already at the last step), 2 a bad config, 143 stopped by
+SIGTERM (checkpoint saved: run the same command to resume), 1 stopped early by a
+non-finite loss or an error.
 """
 
 
@@ -57,9 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot.add_argument("--out", metavar="PNG", help="the image to write (default DIR/metrics.png)")
     plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = [arg for arg in argv if arg.startswith("--config.")]
-    args = parser.parse_args([arg for arg in argv if not arg.startswith("--config.")])
+    overrides, rest = _split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(rest)
     if overrides and args.command != "train":
         parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
     from jaxmon._config import ConfigError
@@ -78,6 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`--config.KEY=VALUE` (or `--config.KEY VALUE`, the absl habit) apart from the rest."""
+    overrides, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config.") and "=" not in arg and i + 1 < len(argv):
+            overrides.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        (overrides if arg.startswith("--config.") else rest).append(arg)
+        i += 1
+    return overrides, rest
+
+
 def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     from jaxmon._config import load_config
     from jaxmon._experiment import train_experiment
@@ -90,8 +113,8 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
         log.addHandler(handler)
         log.propagate = False  # libraries may have configured the root logger too
     log.setLevel(logging.WARNING if args.quiet else logging.INFO)
-    train_experiment(config, args.workdir, report=lambda line: print(line, flush=True))
-    return 0
+    result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True))
+    return result.get("exit_code", 0)
 
 
 class _ClearLineHandler(logging.StreamHandler):
@@ -149,16 +172,10 @@ def run_info(workdir: str) -> dict[str, Any]:
             timespec="seconds")
         checkpoints.append({"step": step, "bytes": _du(path), "time": when})
     metrics: dict[str, tuple[int, float]] = {}
-    path = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(path):
-        with open(path) as file:
-            for line in file:
-                if not line.strip():
-                    continue
-                record = json.loads(line)
-                for tag, value in record.items():
-                    if tag not in ("step", "wall_time") and isinstance(value, (int, float)) and math.isfinite(value):
-                        metrics[tag] = (record["step"], value)
+    for record in _records(os.path.join(workdir, "metrics.jsonl")):
+        for tag, value in record.items():
+            if tag not in ("step", "wall_time") and _is_number(value) and math.isfinite(value):
+                metrics[tag] = (record["step"], value)
     config = None
     if checkpoints:
         config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
@@ -181,17 +198,13 @@ def _plot(args: argparse.Namespace) -> int:
               "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
         return 2
     series: dict[str, tuple[list[int], list[float]]] = {}
-    with open(path) as file:
-        for line in file:
-            if not line.strip():
+    for record in _records(path):
+        for tag, value in record.items():
+            if tag in ("step", "wall_time") or not _is_number(value):
                 continue
-            record = json.loads(line)
-            for tag, value in record.items():
-                if tag in ("step", "wall_time") or not isinstance(value, (int, float)):
-                    continue
-                steps, values = series.setdefault(tag, ([], []))
-                steps.append(record["step"])
-                values.append(value)
+            steps, values = series.setdefault(tag, ([], []))
+            steps.append(record["step"])
+            values.append(value)
     if args.tags:
         missing = sorted(set(args.tags) - set(series))
         if missing:
@@ -217,10 +230,39 @@ def _plot(args: argparse.Namespace) -> int:
     figure.suptitle(os.path.abspath(args.workdir), fontsize=9)
     figure.tight_layout()
     out = args.out or os.path.join(args.workdir, "metrics.png")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)
     print(f"wrote {out} ({len(tags)} scalars: {', '.join(tags)})")
     return 0
+
+
+def _records(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line cut off by a killed writer, or one without
+    a step, is skipped with a note on stderr."""
+    if not os.path.exists(path):
+        return []
+    records, bad = [], 0
+    with open(path) as file:
+        for line in file:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            else:
+                bad += 1
+    if bad:
+        print(f"jaxmon: skipped {bad} unreadable line(s) of {path}", file=sys.stderr)
+    return records
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _du(path: str) -> int:

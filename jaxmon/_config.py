@@ -42,10 +42,8 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
         raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
                           "defining get_config() (e.g. configs/default.py) or a YAML file.")
     if path.endswith((".yaml", ".yml")):
-        import yaml
-
         with open(path) as file:
-            config = yaml.safe_load(file)
+            config = _load_yaml(file)
     else:
         namespace = runpy.run_path(path)
         if not callable(namespace.get("get_config")):
@@ -58,13 +56,31 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     return apply_overrides(config, overrides)
 
 
+def _load_yaml(file: Any) -> Any:
+    """YAML with YAML 1.2's numbers: PyYAML follows YAML 1.1, where `1e-3` (no dot) is
+    a string; here it is the float a config means."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
+    return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Returns a copy of `config` with each `"a.b.c=value"` applied.
 
     The value is read as a Python literal (`3e-4`, `True`, `[64, 64]`, `'adam'`); text
     that is not a literal stays a string. It must fit the type of the value it
     replaces: an int for an int, a number for a float, True/False for a bool, a string
-    for a string, a list for a list; a key whose value is None takes any literal.
+    for a string, a list for a list; `None` fits every key (turning a setting off), and
+    a key whose value is None takes any literal.
     List items are addressed by index (`hooks.0.every_n_steps=50`). An unknown key is
     an error naming it and the nearest known one.
 
@@ -136,7 +152,7 @@ def _coerce(key: str, raw: str, old: Any) -> Any:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
-    if old is None:
+    if old is None or value is None:
         return value
     if isinstance(old, bool):
         if isinstance(value, bool):

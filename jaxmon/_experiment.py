@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -15,13 +16,17 @@ import numpy as np
 import optax
 
 import jaxmon
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoint import complete_steps, read_meta
 from jaxmon._config import ConfigError
 from jaxmon._data import ArrayDataSource
 from jaxmon._state import TrainState
 from jaxmon._training import MonitoredTrainingSession
 
 logger = logging.getLogger("jaxmon")
+
+#: What a run's checkpoints depend on: resuming with any of these changed is an error.
+SAME_RUN = ("seed", "task", "model", "data", "optimizer.name")
+_NOT_SAME_RUN = ("data.eval_split", "data.eval_batch_size")
 
 #: The keys an experiment config may have at its top level.
 TOP_LEVEL = ("seed", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start", "name")
@@ -95,31 +100,48 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
         return {"loss": loss, **metrics}
 
     eval_batches = _batches(eval_arrays, eval_batch_size)
-    hooks = [jaxmon.StopAtStepHook(last_step=steps)]
+    hooks, chief_only_hooks, evals = [jaxmon.StopAtStepHook(last_step=steps)], [], []
     for i, spec in enumerate(_get(config, "hooks", list, [])):
-        hooks.append(_hook(spec, f"hooks.{i}", steps=steps, eval_fn=eval_fn, eval_batches=eval_batches,
-                           workdir=workdir))
-    session_args = dict(_get(config, "session", dict, {}))
-    if "warm_start" in config:
+        hook, chief_only = _hook(spec, f"hooks.{i}", steps=steps, eval_fn=eval_fn, eval_batches=eval_batches,
+                                 workdir=workdir)
+        (chief_only_hooks if chief_only else hooks).append(hook)
+        if isinstance(hook, jaxmon.EvalHook) and hook.eval_fn is eval_fn:
+            evals.append(hook)
+    session_args = _session_args(dict(_get(config, "session", dict, {})))
+    if config.get("warm_start") is not None:
         session_args["warm_start"] = config["warm_start"]
-    for name in ("step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "config"):
-        if name in session_args:
-            raise ConfigError(f"session.{name} is set by the experiment itself; remove it from the config.")
 
-    resumed = complete_steps(workdir) if os.path.isdir(workdir) else []
-    if resumed:
-        report(f"Resuming from step {resumed[-1]} in {workdir} (last step {steps}).")
+    steps_saved = complete_steps(workdir) if os.path.isdir(workdir) else []
+    if steps_saved:
+        saved = (read_meta(os.path.join(workdir, str(steps_saved[-1]))) or {}).get("config")
+        for change in _check_same_run(saved, config, workdir, steps_saved[-1]):
+            report(f"Changed since step {steps_saved[-1]}: {change}")
     data_source = ArrayDataSource(train_arrays, batch_size, shuffle=True, seed=seed)
     try:
         session = MonitoredTrainingSession(step_fn, init_fn, data=data_source, checkpoint_dir=workdir,
-                                           hooks=hooks, config=config, **session_args)
-    except TypeError as error:
-        raise ConfigError(f"{error} (check the keys of session in the config)") from error
+                                           hooks=hooks, chief_only_hooks=chief_only_hooks, config=config,
+                                           **session_args)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"Creating the session from the config failed: {type(error).__name__}: {error}") from error
+    if session.restored_step is not None:
+        left = (f"already at the last step ({steps}): evaluating only" if session.restored_step >= steps
+                else f"training on to step {steps}")
+        report(f"Resumed from step {session.restored_step} in {workdir}; {left}.")
     with session:
         while not session.should_stop():
             session.run()
-    evaluate_once = jax.jit(eval_fn)
-    means = _weighted_means([(len(batch["y"]), evaluate_once(session.state, batch)) for batch in eval_batches])
+    if session.preemption_requested:
+        report(f"Stopped by SIGTERM at step {session.step}; the checkpoint is saved: run the same command to resume.")
+        return {"step": session.step, "stopped": "SIGTERM", "exit_code": 143}
+    if session.state_rejected:
+        report(f"Stopped early at step {session.step}: {session.state_rejected}.")
+        return {"step": session.step, "stopped": session.state_rejected, "exit_code": 1}
+    done = [hook.latest for hook in evals if hook.history and hook.history[-1][0] == session.step]
+    if done:  # the EvalHook evaluated the final state at end: the same batches, the same function
+        means = dict(done[0])
+    else:
+        evaluate_once = jax.jit(eval_fn)
+        means = _weighted_means([(len(batch["y"]), evaluate_once(session.state, batch)) for batch in eval_batches])
     result = {"step": session.step, **means}
     shown = ", ".join(f"{name} {value:.4f}" for name, value in means.items())
     report(f"step {session.step}: {eval_split} {shown}  ({workdir})")
@@ -183,6 +205,9 @@ def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: l
                           f"got {spec!r}.")
     args = dict(spec)
     name = args.pop("name")
+    chief_only = args.pop("chief_only", name == "ProgressBarHook")
+    if not isinstance(chief_only, bool):
+        raise ConfigError(f"{key}.chief_only must be True or False; got {chief_only!r}.")
     if isinstance(name, str) and name.isidentifier():
         cls = getattr(jaxmon, name, None)
         if not (isinstance(cls, type) and issubclass(cls, jaxmon.Hook)):
@@ -195,14 +220,59 @@ def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: l
     if cls is jaxmon.EvalHook:
         args.setdefault("eval_fn", eval_fn)
         args.setdefault("data", eval_batches)
-        if "summary_writer" not in args:
+        if "summary_writer" not in args and jax.process_index() == 0:  # one process writes event files
             args.setdefault("output_dir", workdir)
     elif cls is jaxmon.ProgressBarHook:
         args.setdefault("total_steps", steps)
     try:
-        return cls(**args)
+        return cls(**args), chief_only
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{key} ({name}): {error}") from error
+
+
+def _session_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The `session` section, checked against what `MonitoredTrainingSession` takes."""
+    known = {name for cls in (MonitoredTrainingSession, jaxmon.MonitoredSession)
+             for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")}
+    reserved = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config"}
+    for name in args:
+        if name in reserved:
+            raise ConfigError(f"session.{name} is set by the experiment itself; remove it from the config.")
+        if name not in known:
+            near = difflib.get_close_matches(name, sorted(known - reserved), n=1)
+            raise ConfigError(f"session.{name} is not an argument of MonitoredTrainingSession."
+                              + (f" Did you mean session.{near[0]}?" if near else "")
+                              + f" It takes: {', '.join(sorted(known - reserved))}.")
+    return args
+
+
+def _check_same_run(saved: Any, config: Mapping[str, Any], workdir: str, step: int) -> list[str]:
+    """Raises a `ConfigError` if `config` changes what the checkpoints in `workdir`
+    depend on (`SAME_RUN`); returns the other changes, one line each."""
+    if not isinstance(saved, Mapping):
+        return []
+    changes = _diff(saved, config, "")
+    breaking = [change for change in changes if _checkpoints_depend_on(change.split(":")[0])]
+    if breaking:
+        raise ConfigError(
+            f"{workdir} holds checkpoints (latest step {step}) of a run whose config differs where the "
+            f"checkpoints depend on it: {'; '.join(breaking)}. Resume with the same settings, use a new "
+            f"--workdir, or warm-start a new run from this one (--config.warm_start={workdir}).")
+    return changes
+
+
+def _checkpoints_depend_on(key: str) -> bool:
+    return not key.startswith(_NOT_SAME_RUN) and any(key == k or key.startswith(k + ".") for k in SAME_RUN)
+
+
+def _diff(old: Any, new: Any, key: str) -> list[str]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        return [change for name in sorted(set(old) | set(new), key=str)
+                for change in _diff(old.get(name, "<absent>"), new.get(name, "<absent>"),
+                                    f"{key}.{name}" if key else str(name))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [change for i, (a, b) in enumerate(zip(old, new, strict=True)) for change in _diff(a, b, f"{key}.{i}")]
+    return [] if old == new else [f"{key}: {old!r} -> {new!r}"]
 
 
 def _resolve(path: Any, key: str) -> Any:

@@ -57,9 +57,9 @@ class MonitoredSession:
       warm_start: on the fresh-init path only: a checkpoint (a run's directory or one
         step's directory) whose leaves replace those of the fresh state where path,
         shape and dtype match (`warm_start_report` says which), or a function
-        `state -> state`. A state with `params` (e.g. `jm.TrainState`) takes only its
-        `params`, `extras` and `batch_stats` from the checkpoint: the optimizer state,
-        step counter and RNG start fresh, as in TF's warm start.
+        `state -> state`. In a state with `params` (e.g. `jm.TrainState`) the
+        optimizer state, step counter and RNG (`opt_state`, `step`, `rng`) start
+        fresh, as in TF's warm start; every other leaf is taken where it matches.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` (and a save on SIGTERM) may wait
         for pending checkpoint writes.
@@ -138,6 +138,8 @@ class MonitoredSession:
         self._hook_failures: dict[int, int] = {}
         self._preempted = False
         self._rejected: str | None = None
+        #: The step of the checkpoint this session was created from (None: a fresh start).
+        self.restored_step: int | None = None
         self._data_rewound = False
         # Several JAX processes must stop at one step: JAX's preemption service takes
         # SIGTERM and names the step (polled in run()); one process handles it itself.
@@ -357,6 +359,7 @@ class MonitoredSession:
         """Takes a restored checkpoint's state, step, data position and (at creation,
         not in a recovery, where hooks keep their own state as in TF) hook states."""
         self._state, self._step = restored.state, restored.step
+        self.restored_step = restored.step
         meta = restored.meta
         data_state = meta.get("data")
         if data_state is not None:
@@ -371,9 +374,9 @@ class MonitoredSession:
                            restored.step)
         if recovering is None:
             saved = meta.get("hooks") or {}
-            for key, hook in _hook_keys(self._hooks):
-                if key in saved:
-                    hook.set_state(saved[key])
+            for (key, hook), legacy in zip(_hook_keys(self._hooks), _legacy_hook_keys(self._hooks), strict=True):
+                if key in saved or legacy in saved:
+                    hook.set_state(saved[key] if key in saved else saved[legacy])
         logger.info("Restored step %d from %s.", restored.step, self._checkpoint_dir)
 
     def _poll_preemption(self) -> None:
@@ -566,6 +569,11 @@ def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:
         seen[name] = seen.get(name, 0) + 1
         keys.append((name if seen[name] == 1 else f"{name}#{seen[name]}", hook))
     return keys
+
+
+def _legacy_hook_keys(hooks: tuple[Hook, ...]) -> list[str]:
+    """The keys of checkpoints written before `_hook_keys`: position and class name."""
+    return [f"{i}:{type(hook).__name__}" for i, hook in enumerate(hooks)]
 
 
 class _SigtermHandler:

@@ -82,8 +82,8 @@ class MonitoredTrainingSession(MonitoredSession):
         data: Iterable[Any] | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         is_chief: bool | None = None,
-        hooks: Iterable[Hook] = (),
-        chief_only_hooks: Iterable[Hook] = (),
+        hooks: Iterable[Hook] | None = (),
+        chief_only_hooks: Iterable[Hook] | None = (),
         save_checkpoint_secs: float | None = USE_DEFAULT,
         save_checkpoint_steps: int | None = USE_DEFAULT,
         save_summaries_steps: int | None = USE_DEFAULT,
@@ -112,9 +112,10 @@ class MonitoredTrainingSession(MonitoredSession):
         self._summary_handle: Any = None
         self._summaries_closed = False  # after close(): hooks' end() may still write
 
+        hooks = () if hooks is None else hooks
         standard: list[Hook] = []
         if self.is_chief:
-            standard.extend(chief_only_hooks)
+            standard.extend(() if chief_only_hooks is None else chief_only_hooks)
             if summary_dir is not None:
                 if log_step_count_steps:
                     standard.append(StepCounterHook(every_n_steps=log_step_count_steps, output_dir=summary_dir))

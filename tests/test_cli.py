@@ -40,7 +40,7 @@ def test_the_default_experiment_reaches_95_percent_test_accuracy(run):
     match = RESULT.fullmatch(result.stdout.strip().splitlines()[-1])
     assert match, result.stdout[-500:]
     assert int(match[1]) == 1500 and float(match[2]) >= 0.95
-    assert "Resuming" not in result.stdout
+    assert "Resumed" not in result.stdout
     # Checkpoints every 500 steps (3 kept), event files and metrics.jsonl in the run's directory.
     assert jm.latest_checkpoint_step(workdir) == 1500
     assert sorted(int(p.name) for p in workdir.iterdir() if p.name.isdigit()) == [500, 1000, 1500]
@@ -81,7 +81,7 @@ def test_a_second_train_resumes_and_says_so(run):
     workdir, first = run
     again = jaxmon("train", "--config", DEFAULT, "--workdir", workdir)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"Resuming from step 1500 in {workdir}" in again.stdout
+    assert f"Resumed from step 1500 in {workdir}; already at the last step (1500): evaluating only." in again.stdout
     assert "Restored step 1500" in again.stderr
     # Nothing retrained: the same result line, and no checkpoint written beyond 1500.
     assert again.stdout.strip().splitlines()[-1] == first.stdout.strip().splitlines()[-1]
@@ -96,7 +96,8 @@ def test_overrides_continue_the_run_with_new_settings(run, tmp_path):
     result = jaxmon("train", "--config", DEFAULT, "--workdir", longer, "--config.steps=1600",
                     "--config.session.save_checkpoint_steps=50", "--config.hooks.1.every_n_steps=50", "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Resuming from step 1500" in result.stdout
+    assert "Resumed from step 1500 in" in result.stdout and "training on to step 1600" in result.stdout
+    assert "Changed since step 1500: steps: 1500 -> 1600" in result.stdout
     assert RESULT.fullmatch(result.stdout.strip().splitlines()[-1])[1] == "1600"
     assert "eval at step" not in result.stderr  # --quiet: warnings only
     assert [int(p.name) for p in sorted(longer.iterdir(), key=lambda p: p.name) if p.name.isdigit()][-2:] == [
@@ -177,3 +178,52 @@ def test_the_console_script_is_installed():
     script = pathlib.Path(sys.executable).parent / "jaxmon"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "usage: jaxmon" in result.stdout
+
+
+def test_changing_what_the_checkpoints_depend_on_is_refused(run):
+    workdir, _ = run
+    result = jaxmon("train", "--config", DEFAULT, "--workdir", workdir, "--config.model.features=[32]",
+                    "--config.seed", "3")  # the absl habit: a space instead of '='
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    for words in ("latest step 1500", "model.features.0: 64 -> 32", "seed: 0 -> 3", "--config.warm_start="):
+        assert words in result.stderr, words
+    assert jm.latest_checkpoint_step(workdir) == 1500
+
+
+def test_sigterm_saves_stops_and_exits_143_and_the_same_command_resumes(tmp_path):
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    args = ["train", "--config", DEFAULT, "--workdir", workdir, "--config.steps=100000",
+            "--config.session.save_checkpoint_steps=None", "--config.session.save_checkpoint_secs=600",
+            "--config.hooks.1.every_n_steps=100000"]
+    process = subprocess.Popen([sys.executable, "-m", "jaxmon", *map(str, args)], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: training has started
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.2)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err[-2000:]
+    stopped = re.search(r"Stopped by SIGTERM at step (\d+); the checkpoint is saved", out)
+    assert stopped and int(stopped[1]) > 0 and "test accuracy" not in out
+    assert jm.latest_checkpoint_step(workdir) == int(stopped[1])  # saved at the step it stopped
+
+
+def test_inspect_and_plot_skip_a_line_cut_off_by_a_killed_writer(run, tmp_path):
+    workdir, _ = run
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(workdir), str(copy)], check=True)
+    with open(copy / "metrics.jsonl", "a") as file:
+        file.write('{"step": 1501, "loss": 1.')
+    result = jaxmon("inspect", copy)
+    assert result.returncode == 0 and "skipped 1 unreadable line" in result.stderr
+    assert re.search(r"^  loss +[\d.e-]+  \(step 1451\)$", result.stdout, re.M)
+    plot = jaxmon("plot", copy, "--out", tmp_path / "new" / "dir" / "m.png")
+    assert plot.returncode == 0 and (tmp_path / "new" / "dir" / "m.png").exists()

@@ -55,6 +55,13 @@ def test_a_yaml_config_file_is_loaded(tmp_path):
                                                                                        "learning_rate": 0.001}}
 
 
+def test_yaml_reads_exponent_numbers_as_floats(tmp_path):
+    # YAML 1.1 (PyYAML's default) reads 1e-3 as a string; a config means the number.
+    path = tmp_path / "exp.yaml"
+    path.write_text("lr: 1e-3\nwd: 5E+2\nname: 1e3x\nversion: '1e-3'\n")
+    assert jm.load_config(path, ["lr=3e-4"]) == {"lr": 3e-4, "wd": 500.0, "name": "1e3x", "version": "1e-3"}
+
+
 @pytest.mark.parametrize("override, key, value", [
     ("steps=200", "steps", 200),
     ("ratio=2", "ratio", 2.0),  # an int where a float was: widened
@@ -67,6 +74,9 @@ def test_a_yaml_config_file_is_loaded(tmp_path):
     ("features=[32, 16, 8]", "features", [32, 16, 8]),
     ("warm_start=runs/pretrained", "warm_start", "runs/pretrained"),  # None takes anything
     ("warm_start=5", "warm_start", 5),
+    ("steps=None", "steps", None),  # None turns any setting off
+    ("name=None", "name", None),
+    ("optimizer=None", "optimizer", None),
 ])
 def test_overrides_are_read_as_literals_of_the_right_type(override, key, value):
     config = jm.apply_overrides(BASE, [override])
@@ -152,3 +162,23 @@ def test_experiment_errors_name_the_key_and_the_fix(tmp_path, change, message):
     change(config)
     with pytest.raises((jm.ConfigError, ValueError), match=message):
         jm.train_experiment(config, tmp_path)
+
+
+def test_session_keys_are_checked_against_the_session_arguments(tmp_path):
+    config = jm.load_config(ROOT / "configs" / "default.py")
+    config["session"]["max_to_kep"] = 1
+    with pytest.raises(jm.ConfigError, match="session.max_to_kep is not an argument of MonitoredTrainingSession. "
+                                             "Did you mean session.max_to_keep?"):
+        jm.train_experiment(config, tmp_path)
+    config["session"] = {"hooks": []}
+    with pytest.raises(jm.ConfigError, match="session.hooks is set by the experiment itself"):
+        jm.train_experiment(config, tmp_path)
+
+
+def test_a_model_that_cannot_be_built_is_not_blamed_on_the_session(tmp_path):
+    config = jm.load_config(ROOT / "configs" / "default.py")
+    config["model"]["features"] = 16  # not a list: as a YAML file could say
+    with pytest.raises(jm.ConfigError) as error:
+        jm.train_experiment(config, tmp_path)
+    assert "Creating the session from the config failed: TypeError" in str(error.value)
+    assert "check the keys of session" not in str(error.value)

@@ -768,3 +768,42 @@ def test_checkpoints_iterator_on_an_empty_directory_yields_nothing(tmp_path):
     assert time.monotonic() - start >= 0.2
     with pytest.raises(FileNotFoundError, match="No checkpoint in"):
         jm.restore_checkpoint(tmp_path / "missing")
+
+
+def test_warm_start_of_a_train_state_takes_every_part_but_the_training_bookkeeping(tmp_path):
+    import optax
+
+    def make():
+        return jm.TrainState.create(apply_fn=None, params={"w": jnp.ones((2,))}, tx=optax.adam(0.1), rng=0,
+                                    extras={"ema": {"w": jnp.zeros((2,))}})
+
+    def step_fn(state, batch):
+        state = state.apply_gradients(grads={"w": jnp.ones((2,))})
+        return state.replace(extras={"ema": {"w": state.extras["ema"]["w"] + 1}}), {}
+
+    source = tmp_path / "source"
+    trained = train(source, 2, init=make, step_fn=step_fn)
+    with jm.MonitoredSession(step_fn, make, warm_start=source) as sess:
+        np.testing.assert_array_equal(np.asarray(sess.state.extras["ema"]["w"]), [2.0, 2.0])  # an extra is taken
+        np.testing.assert_array_equal(np.asarray(sess.state.params["w"]), np.asarray(trained.state.params["w"]))
+        assert int(sess.state.step) == 0
+    report = sess.warm_start_report
+    assert sorted(report.restored) == ["extras/ema/w", "params/w"]
+    assert "step" in report.skipped and all(name.split("/")[0] in ("opt_state", "step", "rng")
+                                            for name in report.skipped)
+
+
+def test_hook_states_saved_under_position_keys_are_still_restored(tmp_path):
+    # Checkpoints written before hook states were keyed by class name keyed them "i:Class".
+    directory = tmp_path / "run"
+    train(directory, 4, save_steps=4)
+    step_dir = directory / "4" / "meta" / "metadata"
+    meta = json.loads(step_dir.read_text())
+    meta["hooks"] = {"1:StopAtStepHook": {"last_step": 4}}
+    step_dir.write_text(json.dumps(meta))
+    stop = jm.StopAtStepHook(num_steps=100)  # would train on to 104 without its saved state
+    with jm.MonitoredSession(add_one, init_fn, hooks=[jm.CheckpointSaverHook(directory, save_steps=4), stop]) as sess:
+        assert sess.restored_step == 4
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 4

@@ -507,3 +507,11 @@ def test_periodic_hook_is_supervisors_timer_service(tmp_path):
     acc = read_events(tmp_path)
     assert [(e.step, e.value) for e in acc.Scalars("manual")] == [(s, 10.0 * s) for s in calls]
     assert "loss" not in acc.Tags()["scalars"]
+
+
+def test_hooks_none_is_no_hooks_as_in_tf(tmp_path):
+    with jm.MonitoredTrainingSession(lambda s, b: (s + b, {"loss": s}), state=jnp.zeros(()), data=[1.0, 2.0],
+                                     checkpoint_dir=tmp_path, hooks=None, chief_only_hooks=None) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 2 and jm.latest_checkpoint_step(tmp_path) == 2
