@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxmon import _checkpoint, _errors, _fetches
+from jaxmon import _checkpoint, _errors, _fetches, _sharding
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._step import CompiledStep
 from jaxmon.hooks._checkpoint import CheckpointSaverHook
@@ -68,6 +68,25 @@ class MonitoredSession:
         Needs the session to be built in the main thread. With several JAX
         processes, JAX's preemption service handles SIGTERM instead, and every
         process stops at the step it agreed on (`jax_enable_preemption_service`).
+      mesh: a `jax.sharding.Mesh`: the state is placed on it with `state_sharding` and
+        kept there (the compiled step constrains the new state to it; donation still
+        applies), and each batch is assembled into a global array with
+        `batch_sharding` from this process's part of it
+        (`jax.make_array_from_process_local_data`; with one process, the part is the
+        whole batch). Checkpoints restore onto the current mesh, whatever the device
+        count was when they were saved.
+      state_sharding: None (replicated), a `PartitionSpec` for every leaf, a pytree of
+        them that is a prefix of the state (`{"params": P(), "opt": P()}`), or a
+        function `abstract_state -> such a pytree`.
+      batch_sharding: the same for batches; None shards the leading axis of every
+        batch array over all the mesh's axes (data parallelism) and replicates
+        scalars. Fetched values must be replicated when several processes share the
+        mesh (a loss and metrics are): each process reads its own copy.
+      max_dispatch_ahead: at most this many steps queued without waiting for one (the
+        run that would queue one more first waits for the oldest). "auto": 16 when
+        several CPU devices run the step (XLA aborts when ~50 programs with
+        collectives queue up on simulated CPU devices), else no bound; None: no
+        bound.
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -98,6 +117,10 @@ class MonitoredSession:
         config: Mapping[str, Any] | None = None,
         stop_grace_period_secs: float = 120,
         handle_sigterm: bool = True,
+        mesh: jax.sharding.Mesh | None = None,
+        state_sharding: Any = None,
+        batch_sharding: Any = None,
+        max_dispatch_ahead: int | None | str = "auto",
     ):
         if (init_fn is None) == (state is None):
             raise ValueError(
@@ -115,9 +138,22 @@ class MonitoredSession:
         _errors.check_number("stop_grace_period_secs", stop_grace_period_secs)
         if warm_start is not None and not (callable(warm_start) or isinstance(warm_start, (str, os.PathLike))):
             raise TypeError(f"warm_start must be a checkpoint path or a function state -> state; got {warm_start!r}.")
+        if mesh is None and (state_sharding is not None or batch_sharding is not None):
+            raise ValueError("state_sharding= and batch_sharding= need mesh= (a jax.sharding.Mesh), e.g. "
+                             f"mesh=jax.make_mesh(({jax.device_count()},), ('data',)).")
+        self._placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
+        if max_dispatch_ahead == "auto":
+            max_dispatch_ahead = _sharding.dispatch_ahead_default(self._placement)
+        if max_dispatch_ahead is not None:
+            _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
+        self.max_dispatch_ahead = max_dispatch_ahead
+        self._in_flight: collections.deque = collections.deque()
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
         self._hooks = _check_hooks(() if hooks is None else hooks)
         self._init_fn = init_fn if init_fn is not None else _once(state)
+        self._make_state = self._init_fn
+        if self._placement is not None:
+            self._init_fn = lambda make=self._make_state, place=self._placement.place_state: place(make())
         self._like = None if state is None else _checkpoint.abstract_like(state)
         self._savers = tuple(hook for hook in self._hooks if isinstance(hook, CheckpointSaverHook))
         self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else (
@@ -230,7 +266,11 @@ class MonitoredSession:
                 plan = _fetches.FetchPlan([("run(fetches=...)", wanted)] + [(e[0], spec) for e, spec in fetching])
         elif wanted is not None:
             plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
+        if self._placement is not None:
+            batch = self._placement.place_batch(batch)
         self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
+        if self.max_dispatch_ahead is not None:
+            self._bound_dispatch(outputs)
         self._step += 1
         self._last_run = (batch, outputs)
         if self._sync_preemption:
@@ -249,6 +289,18 @@ class MonitoredSession:
                 entry[1] = hook_results
         self._call_after_run(ctx, self._step, outputs, now)
         return outputs if caller is None else caller
+
+    def _bound_dispatch(self, outputs: Any) -> None:
+        """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
+        many steps are ever queued on the device."""
+        marker = next(iter(jax.tree.leaves(outputs)), None)
+        if marker is None:  # nothing to wait on but the state, which the next run donates
+            if (self._step + 1) % self.max_dispatch_ahead == 0:
+                jax.block_until_ready(self._state)
+            return
+        self._in_flight.append(marker)
+        if len(self._in_flight) > self.max_dispatch_ahead:
+            self._in_flight.popleft().block_until_ready()
 
     def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
         plain = RunValues(None, step, outputs)
@@ -326,6 +378,9 @@ class MonitoredSession:
                         self._state, self.warm_start_report = _checkpoint.warm_start(self._state, self._warm_start)
                 else:
                     self._resume(restored, recovering)
+                if self._placement is not None and self._compiled.state_constraint is None:
+                    self._compiled.state_constraint = _sharding.constrain(
+                        self._placement.state_shardings(self._state))
                 for hook in self._hooks:
                     try:
                         hook.after_create_session(self)
@@ -348,7 +403,8 @@ class MonitoredSession:
             for saver in self._savers:  # a save in flight is the checkpoint to go back to
                 saver.wait()
         if self._like is None:
-            self._like = _restore_target(self._init_fn)
+            self._like = (_restore_target(self._init_fn) if self._placement is None
+                          else self._placement.like(jax.eval_shape(self._make_state)))
         checkpoints = _checkpoint.Checkpoints(self._checkpoint_dir)
         try:
             return checkpoints.restore_latest(self._like)
@@ -539,11 +595,27 @@ _NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
 
 
 def _to_host(values: Any) -> Any:
-    """`jax.device_get`, with a fast path for the common few single arrays."""
+    """`jax.device_get`, with a fast path for the common few single arrays. An array
+    spread over several processes must be replicated (a loss, a metric): each process
+    then reads its own copy."""
     leaves, tree = jax.tree.flatten(values)
+    if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable for leaf in leaves):
+        return tree.unflatten([_local_copy(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
     if len(leaves) > 4:
         return jax.device_get(values)
     return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
+
+
+def _local_copy(array: jax.Array) -> np.ndarray:
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if not array.is_fully_replicated:
+        raise ValueError(
+            f"A fetched value of shape {array.shape} is sharded across processes ({array.sharding}); every "
+            "process reads fetches on the host, so fetch values replicated on every device: a mean or a "
+            "sum (a loss, a metric), or jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec()) "
+            "in a fetch function.")
+    return np.asarray(array.addressable_data(0))
 
 
 def _restore_target(init_fn: Callable[[], Any]) -> Any:

@@ -57,6 +57,9 @@ class CompiledStep:
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self.trace_count = 0
+        #: Applied to the new state inside the step (a sharded session keeps the state
+        #: on its shardings with it); set before the first call.
+        self.state_constraint: Callable[[Any], Any] | None = None
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object]):
         variant = self._variants.get(key)
@@ -74,6 +77,8 @@ class CompiledStep:
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object]) -> Callable[..., Any]:
         def variant(state, batch):
             new_state, outputs = _check_result(self._step_fn(state, batch), state)
+            if self.state_constraint is not None:
+                new_state = self.state_constraint(new_state)
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
             self.trace_count += 1  # a trace that raised compiles nothing
             return new_state, outputs, fetched

@@ -1,0 +1,106 @@
+"""Where a sharded session keeps its state and puts its batches: a mesh and two specs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+#: Steps a session may queue without waiting for one, by default, when several CPU
+#: devices run collectives: XLA aborts when ~50 programs with collectives are queued
+#: on simulated CPU devices (measured: 16-32 is safe).
+CPU_DISPATCH_AHEAD = 16
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, NamedSharding))
+
+
+class Placement:
+    """The shardings of a session on `mesh`.
+
+    Args:
+      mesh: the `jax.sharding.Mesh` the state and batches live on.
+      state_sharding: how to shard the state: None (replicated on every device), one
+        `PartitionSpec` / `NamedSharding` for every leaf, a pytree of them that is a
+        prefix of the state's (e.g. `{"params": P(), "opt": P()}`), or a function
+        `abstract_state -> such a pytree`.
+      batch_sharding: the same for the batch; None shards the leading axis of every
+        batch array over all the mesh's axes (data parallelism) and replicates scalars.
+    """
+
+    def __init__(self, mesh: Mesh, state_sharding: Any = None, batch_sharding: Any = None):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh, e.g. jax.make_mesh(({jax.device_count()},), "
+                            f"('data',)); got {mesh!r}.")
+        self.mesh = mesh
+        self._state_spec = state_sharding
+        self._batch_spec = batch_sharding
+        self._batch_shardings: dict[Any, Any] = {}
+
+    def _named(self, spec: Any) -> NamedSharding:
+        if isinstance(spec, NamedSharding):
+            if spec.mesh != self.mesh:
+                raise ValueError(f"A NamedSharding on another mesh ({spec.mesh}) than the session's ({self.mesh}); "
+                                 "give PartitionSpecs, which the session puts on its mesh.")
+            return spec
+        return NamedSharding(self.mesh, PartitionSpec() if spec is None else spec)
+
+    def _expand(self, spec: Any, tree: Any, what: str) -> Any:
+        """`spec` (a spec, a prefix pytree of specs, or a function of `tree`) as one
+        NamedSharding per leaf of `tree`."""
+        if callable(spec) and not _is_spec(spec):
+            spec = spec(tree)
+        if _is_spec(spec):
+            return jax.tree.map(lambda _: self._named(spec), tree)
+        try:
+            return jax.tree.map(lambda s, sub: jax.tree.map(lambda _: self._named(s), sub), spec, tree,
+                                is_leaf=_is_spec)
+        except ValueError as error:
+            raise ValueError(f"{what} must be a PartitionSpec, or a pytree of them shaped like the {what[:5]} "
+                             f"(or a prefix of it); its structure does not match: {error}") from None
+
+    def state_shardings(self, state: Any) -> Any:
+        """One NamedSharding per leaf of `state` (arrays or ShapeDtypeStructs)."""
+        return self._expand(self._state_spec, state, "state_sharding")
+
+    def place_state(self, state: Any) -> Any:
+        return jax.device_put(state, self.state_shardings(state))
+
+    def like(self, abstract: Any) -> Any:
+        """The restore target: `abstract`'s shapes and dtypes with the session's shardings."""
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, self.state_shardings(abstract))
+
+    def place_batch(self, batch: Any) -> Any:
+        """A global batch from this process's part of it (all of it with one process)."""
+        if self._batch_spec is None:
+            data = NamedSharding(self.mesh, PartitionSpec(tuple(self.mesh.axis_names)))
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            shardings = jax.tree.map(lambda leaf: data if np.ndim(leaf) else replicated, batch)
+        else:
+            shardings = self._expand(self._batch_spec, batch, "batch_sharding")
+        return jax.tree.map(_place_leaf, batch, shardings)
+
+
+def _place_leaf(leaf: Any, sharding: NamedSharding) -> jax.Array:
+    if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
+        return leaf
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        return jax.device_put(leaf, sharding)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(leaf))
+
+
+def dispatch_ahead_default(placement: Placement | None) -> int | None:
+    """The default bound on queued steps: `CPU_DISPATCH_AHEAD` with several CPU
+    devices (where queued collectives can abort XLA), else none."""
+    devices = placement.mesh.devices.size if placement is not None else jax.device_count()
+    return CPU_DISPATCH_AHEAD if devices > 1 and jax.default_backend() == "cpu" else None
+
+
+def constrain(shardings: Any) -> Callable[[Any], Any]:
+    """Inside the compiled step: keep the new state on the state's shardings."""
+    return lambda state: jax.lax.with_sharding_constraint(state, shardings)
