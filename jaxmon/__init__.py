@@ -1,6 +1,7 @@
 """jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
 
-from jaxmon import datasets, models
+from jaxmon import datasets, distributed, models
+from jaxmon._agree import PeerError
 from jaxmon._checkpoint import Restored, WarmStartReport, checkpoints_iterator, restore_checkpoint
 from jaxmon._config import ConfigError, apply_overrides, load_config
 from jaxmon._data import ArrayDataSource
@@ -71,6 +72,7 @@ __all__ = [
     "NanLossDuringTrainingError",
     "NanTensorHook",
     "NeverTriggerTimer",
+    "PeerError",
     "PeriodicHook",
     "ProfilerHook",
     "ProgressBarHook",
@@ -97,6 +99,7 @@ __all__ = [
     "apply_overrides",
     "checkpoints_iterator",
     "datasets",
+    "distributed",
     "latest_checkpoint_step",
     "load_config",
     "models",

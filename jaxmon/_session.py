@@ -15,9 +15,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxmon import _checkpoint, _errors, _fetches, _sharding
+from jaxmon import _agree, _checkpoint, _errors, _fetches, _sharding
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._step import CompiledStep
+from jaxmon._triggers import SecondOrStepTimer
 from jaxmon.hooks._checkpoint import CheckpointSaverHook
 
 logger = logging.getLogger("jaxmon")
@@ -180,6 +181,14 @@ class MonitoredSession:
         # Several JAX processes must stop at one step: JAX's preemption service takes
         # SIGTERM and names the step (polled in run()); one process handles it itself.
         self._sync_preemption = jax.process_count() > 1
+        self._agreement = _agree.Agreement() if jax.process_count() > 1 else None
+        self._agreed_stop = self._data_ended = False
+        self._prefetched: tuple[Any, Any] | None = None  # (batch, data position before it)
+        if self._agreement is not None:  # seconds-based triggers read the chief's clock, agreed each run
+            for hook in self._hooks:
+                timer = getattr(hook, "_timer", None)
+                if isinstance(timer, SecondOrStepTimer):
+                    timer._clock = self._agreement.clock
         self._sigterm = _SigtermHandler(self) if handle_sigterm and not self._sync_preemption else None
         try:
             for hook in self._hooks:
@@ -212,12 +221,14 @@ class MonitoredSession:
         """
         if self._closed:
             raise RuntimeError("Run called on a closed session. Create a new session to train further.")
-        if self._stop_requested:
+        if self._stop_requested if self._agreement is None else self._agreed_stop:
             raise RuntimeError(
                 "Run called even after should_stop requested. Check sess.should_stop() "
                 "before each run (`while not sess.should_stop(): sess.run()`)."
             )
         wanted = _fetches.normalize(fetches, "run(fetches=...)")
+        if self._agreement is not None:
+            return self._run_agreed(batch, fetches, wanted)
         from_data = take_from_data = batch is None and self._data is not None
         try:
             for attempt in itertools.count(1):
@@ -289,6 +300,41 @@ class MonitoredSession:
                 entry[1] = hook_results
         self._call_after_run(ctx, self._step, outputs, now)
         return outputs if caller is None else caller
+
+    def _run_agreed(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
+        """A run when several JAX processes share the step: after it, every process
+        learns whether any of them asked to stop, ran out of data or failed in a hook,
+        and all act on it at this same step (see `_agree`). The next batch is taken
+        before agreeing, so that the end of one process's data stops all of them."""
+        from_data = batch is None and self._data is not None
+        if from_data:
+            batch = self._prefetched[0] if self._prefetched is not None else next(self._data)
+            self._prefetched = None
+        before, error, result = self._step, None, None
+        try:
+            result = self._run_hooked(batch, fetches, wanted)
+        except Exception as raised:
+            if self._step == before:  # the step never ran here: the others wait in it for this process
+                raise
+            error = raised  # after the step (a hook's after_run, e.g. a NaN): raised once all agree
+        if from_data:
+            position = self._data.get_state() if callable(getattr(self._data, "get_state", None)) else None
+            try:
+                self._prefetched = (next(self._data), position)
+            except StopIteration:
+                self._data_ended = True
+        decision = self._agreement(self._step, stop=self._stop_requested or self._data_ended, error=error)
+        if decision.failure is not None:
+            if error is not None:
+                raise error
+            process, message = decision.failure
+            raise _agree.PeerError(f"JAX process {process} failed after step {self._step}: {message}. "
+                                   f"Every process of the run stops at this step.")
+        if decision.stop and not self._agreed_stop:
+            self._agreed_stop = True
+            logger.info("Process(es) %s asked to stop (or ran out of data) at step %d: every process stops.",
+                        list(decision.stopped_by), self._step)
+        return result
 
     def _bound_dispatch(self, outputs: Any) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
@@ -421,6 +467,7 @@ class MonitoredSession:
         if data_state is not None:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(data_state)
+                self._prefetched = None
                 self._data_rewound = True
             else:
                 logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
@@ -453,6 +500,8 @@ class MonitoredSession:
             if state is not None:
                 hooks[key] = state
         get_data_state = getattr(self._data, "get_state", None)
+        if self._prefetched is not None:  # the position before the batch taken ahead
+            get_data_state = lambda position=self._prefetched[1]: position  # noqa: E731
         info = {
             **_checkpoint.versions(),
             "step": self._step,
@@ -467,7 +516,8 @@ class MonitoredSession:
     def should_stop(self) -> bool:
         """True once a stop was requested, data ended, the process got SIGTERM, or the
         session closed."""
-        return self._stop_requested or self._preempted or self._closed
+        stop = self._stop_requested if self._agreement is None else self._agreed_stop
+        return stop or self._preempted or self._closed
 
     def reject_state(self, reason: str) -> None:
         """Marks the current state, and every later one of this session (until a

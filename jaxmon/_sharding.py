@@ -68,7 +68,12 @@ class Placement:
         return self._expand(self._state_spec, state, "state_sharding")
 
     def place_state(self, state: Any) -> Any:
-        return jax.device_put(state, self.state_shardings(state))
+        """`state` on its shardings. With several processes every process holds the
+        whole value (built from the same seed), and each takes its devices' parts."""
+        shardings = self.state_shardings(state)
+        if jax.process_count() == 1:
+            return jax.device_put(state, shardings)
+        return jax.tree.map(_global_from_whole, state, shardings)
 
     def like(self, abstract: Any) -> Any:
         """The restore target: `abstract`'s shapes and dtypes with the session's shardings."""
@@ -84,6 +89,14 @@ class Placement:
         else:
             shardings = self._expand(self._batch_spec, batch, "batch_sharding")
         return jax.tree.map(_place_leaf, batch, shardings)
+
+
+def _global_from_whole(leaf: Any, sharding: NamedSharding) -> jax.Array:
+    if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
+        return leaf
+    whole = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+                       else leaf)
+    return jax.make_array_from_callback(whole.shape, sharding, lambda index: whole[index])
 
 
 def _place_leaf(leaf: Any, sharding: NamedSharding) -> jax.Array:
