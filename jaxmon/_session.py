@@ -332,8 +332,9 @@ class MonitoredSession:
                                    f"Every process of the run stops at this step.")
         if decision.stop and not self._agreed_stop:
             self._agreed_stop = True
-            logger.info("Process(es) %s asked to stop (or ran out of data) at step %d: every process stops.",
-                        list(decision.stopped_by), self._step)
+            if len(decision.stopped_by) < self._agreement.process_count:  # not a stop all of them took
+                logger.info("Process(es) %s asked to stop (or ran out of data) at step %d: every process "
+                            "stops.", list(decision.stopped_by), self._step)
         return result
 
     def _bound_dispatch(self, outputs: Any) -> None:

@@ -105,3 +105,25 @@ def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
     sample = re.search(r"--- sample ---\n(.*)\n--- end ---", result.stdout, re.DOTALL)
     assert sample, result.stdout
     assert sample[1] == summary["sample"] and sample[1].startswith("    def ") and len(sample[1]) == 108
+
+
+def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--launch", "2",
+                             "--steps", "120", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    finals = sorted(re.findall(r"process (\d)/2, 2 devices: step (\d+), test accuracy ([\d.]+)", result.stdout))
+    assert [f[0] for f in finals] == ["0", "1"] and {f[1] for f in finals} == {"120"}
+    assert finals[0][2] == finals[1][2] and float(finals[0][2]) > 0.85  # one replicated model
+    assert jm.latest_checkpoint_step(tmp_path) == 120
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1  # the chief's alone
+    assert "[process 0/2] Saving checkpoint 120" in result.stderr  # log lines name their process
+
+
+def test_data_parallel_example_on_eight_simulated_devices(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--steps", "60",
+                             "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"process 0/1, 8 devices: step 60, test accuracy 0\.[89]", result.stdout), result.stdout
