@@ -156,6 +156,13 @@ class GlobalStepWaiterHook(Hook):
     For a side-car job (an evaluator, a staggered worker) that must not start before a
     training run has made progress.
 
+    With JAX's multi-controller runtime there are no TF-style workers that lag the
+    chief: every process of one run takes every step together. So the hook belongs to
+    a separate job (its own `jax.distributed` group, or none) that watches a run's
+    checkpoint directory, e.g. an evaluator started beside the training. Inside a
+    multi-process run every process waits, and the first run starts on all of them
+    together once each has seen the step.
+
     Args:
       wait_until_step: the step to wait for; <= 0 starts at once.
       watch: where the step comes from: a training run's checkpoint directory (its
