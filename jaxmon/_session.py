@@ -155,7 +155,7 @@ class MonitoredSession:
         self._make_state = self._init_fn
         if self._placement is not None:
             self._init_fn = lambda make=self._make_state, place=self._placement.place_state: place(make())
-        self._like = None if state is None else _checkpoint.abstract_like(state)
+        self._like = None if state is None or self._placement is not None else _checkpoint.abstract_like(state)
         self._savers = tuple(hook for hook in self._hooks if isinstance(hook, CheckpointSaverHook))
         self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else (
             self._savers[0].checkpoint_dir if self._savers else None)

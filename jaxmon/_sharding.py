@@ -41,7 +41,10 @@ class Placement:
         self._batch_spec = batch_sharding
         self._batch_shardings: dict[Any, Any] = {}
 
-    def _named(self, spec: Any) -> NamedSharding:
+    def _named(self, spec: Any, what: str) -> NamedSharding:
+        if not _is_spec(spec):
+            raise TypeError(f"{what} holds {spec!r}, which is not a PartitionSpec or NamedSharding; write "
+                            f"jax.sharding.PartitionSpec({spec!r}) (or None for replicated).")
         if isinstance(spec, NamedSharding):
             if spec.mesh != self.mesh:
                 raise ValueError(f"A NamedSharding on another mesh ({spec.mesh}) than the session's ({self.mesh}); "
@@ -55,9 +58,9 @@ class Placement:
         if callable(spec) and not _is_spec(spec):
             spec = spec(tree)
         if _is_spec(spec):
-            return jax.tree.map(lambda _: self._named(spec), tree)
+            return jax.tree.map(lambda _: self._named(spec, what), tree)
         try:
-            return jax.tree.map(lambda s, sub: jax.tree.map(lambda _: self._named(s), sub), spec, tree,
+            return jax.tree.map(lambda s, sub: jax.tree.map(lambda _: self._named(s, what), sub), spec, tree,
                                 is_leaf=_is_spec)
         except ValueError as error:
             raise ValueError(f"{what} must be a PartitionSpec, or a pytree of them shaped like the {what[:5]} "
