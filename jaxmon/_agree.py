@@ -65,6 +65,11 @@ class Agreement:
         return Decision(bool(stopped_by) or bool(failed), stopped_by, failure)
 
 
+    def all(self, flag: bool, step: int) -> bool:
+        """Whether `flag` is True on every process."""
+        return bool(_gather(np.array([float(flag)]), step).all())
+
+
 def _gather(values: np.ndarray, step: int) -> np.ndarray:
     try:
         return np.asarray(multihost_utils.process_allgather(values))

@@ -520,6 +520,15 @@ class MonitoredSession:
         stop = self._stop_requested if self._agreement is None else self._agreed_stop
         return stop or self._preempted or self._closed
 
+    def agree_all(self, flag: bool) -> bool:
+        """Whether `flag` holds on every JAX process of the run: `flag` itself with one
+        process, one small all-gather with several (every process must call it at the
+        same point). Checkpoint saves use it, so that all processes save or none does.
+        """
+        if self._agreement is None:
+            return bool(flag)
+        return self._agreement.all(bool(flag), self._step)
+
     def reject_state(self, reason: str) -> None:
         """Marks the current state, and every later one of this session (until a
         recovery re-creates it), as not fit to save: checkpoint saves skip it. A

@@ -159,9 +159,17 @@ class CheckpointSaverHook(Hook):
 
     def _save(self, session, step: int) -> bool:
         """Saves `step`; returns whether a listener asked to stop."""
-        session.sync()  # late hooks (NaN checks) see the last run before its state is saved
-        if session.state_rejected is not None:
-            logger.warning("Not saving step %d to %s: %s.", step, self.checkpoint_dir, session.state_rejected)
+        error = None
+        try:
+            session.sync()  # late hooks (NaN checks) see the last run before its state is saved
+        except Exception as raised:
+            error = raised
+        # Every process saves together (Orbax writes collectively) or none does.
+        if not session.agree_all(error is None and session.state_rejected is None):
+            if error is not None:
+                raise error
+            logger.warning("Not saving step %d to %s: %s.", step, self.checkpoint_dir,
+                           session.state_rejected or "another JAX process cannot save it")
             return False
         for listener in self.listeners:
             listener.before_save(session, step)
