@@ -310,8 +310,25 @@ class Checkpoints:
         return sorted(self._manager.all_steps())
 
     def restore(self, step: int, like: Any) -> Restored:
+        if like is None:
+            like = self._default_target(step)
         restored = self._manager.restore(step, args=_restore_args(like))
         return Restored(_unwrap(restored["state"]), step, dict(restored["meta"] or {}))
+
+    def _default_target(self, step: int) -> Any:
+        """Without a target: the saved shapes and dtypes, on this process's first device
+        (a checkpoint saved sharded over devices that are not here restores too)."""
+        try:
+            tree = self._manager.item_metadata(step)["state"].tree
+        except Exception:  # no metadata to read: let Orbax decide
+            return None
+        leaves = jax.tree.leaves(tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+        if not leaves or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves):
+            return None
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree,
+                              is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+        return _unwrap(target)
 
     def restore_latest(self, like: Any) -> Restored | None:
         """The latest checkpoint that restores; a broken one is reported and skipped.

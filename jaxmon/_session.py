@@ -175,6 +175,8 @@ class MonitoredSession:
         self._hook_failures: dict[int, int] = {}
         self._preempted = False
         self._rejected: str | None = None
+        #: True once another JAX process of the run stopped answering.
+        self.peer_lost = False
         #: The step of the checkpoint this session was created from (None: a fresh start).
         self.restored_step: int | None = None
         self._data_rewound = False
@@ -323,7 +325,11 @@ class MonitoredSession:
                 self._prefetched = (next(self._data), position)
             except StopIteration:
                 self._data_ended = True
-        decision = self._agreement(self._step, stop=self._stop_requested or self._data_ended, error=error)
+        try:
+            decision = self._agreement(self._step, stop=self._stop_requested or self._data_ended, error=error)
+        except _agree.PeerError as lost:
+            self._lost_peer(lost)
+            raise
         if decision.failure is not None:
             if error is not None:
                 raise error
@@ -527,7 +533,18 @@ class MonitoredSession:
         """
         if self._agreement is None:
             return bool(flag)
-        return self._agreement.all(bool(flag), self._step)
+        try:
+            return self._agreement.all(bool(flag), self._step)
+        except _agree.PeerError as lost:
+            self._lost_peer(lost)
+            raise
+
+    def _lost_peer(self, error: _agree.PeerError) -> None:
+        """A peer process is gone: say so now (JAX may abort this process at its
+        shutdown barrier before a traceback is printed), and do not wait for
+        checkpoint writes that need the dead process to commit."""
+        self.peer_lost = True
+        logger.error("%s", error)
 
     def reject_state(self, reason: str) -> None:
         """Marks the current state, and every later one of this session (until a

@@ -109,6 +109,7 @@ class CheckpointSaverHook(Hook):
         self.best_metric = best_metric
         self._checkpoints: _checkpoint.Checkpoints | None = None
         self._grace: float | None = None
+        self._session = None
         self.saved_steps: list[int] = []
 
     def begin(self) -> None:
@@ -120,7 +121,7 @@ class CheckpointSaverHook(Hook):
             self._checkpoints = _checkpoint.Checkpoints(self.checkpoint_dir, writer=True, **self._options)
 
     def after_create_session(self, session) -> None:
-        self._grace = session.stop_grace_period_secs
+        self._grace, self._session = session.stop_grace_period_secs, session
         step = session.step
         if step not in self._checkpoints.steps():  # a restored step is already saved
             self._save(session, step)
@@ -149,7 +150,9 @@ class CheckpointSaverHook(Hook):
     def close(self) -> None:
         checkpoints, self._checkpoints = self._checkpoints, None
         if checkpoints is not None:
-            checkpoints.close(timeout=self._grace)
+            # With a peer process gone, a save in flight can never commit: do not wait for it.
+            lost = self._session is not None and getattr(self._session, "peer_lost", False)
+            checkpoints.close(timeout=1.0 if lost else self._grace)
 
     def wait(self) -> None:
         """Blocks until the save in flight is written (bounded by the session's

@@ -1,0 +1,413 @@
+"""Two real JAX processes on 127.0.0.1 training one model with a sharded session.
+
+Every multi-process decision must be agreed, so that both processes stop, raise, save
+and write at the same step. Three launches (JAX start-up costs seconds a process):
+
+* the main launch runs several sessions one after another in the same two processes
+  (training with summaries, checkpoints, a chief-only stop and a seconds-based trigger;
+  a hook error on one process; a NaN in one process's data; the end of one process's
+  data) and ends with a session that process 1 gets SIGTERM in;
+* two more (run side by side) have process 1 die (`os._exit`) in the middle of
+  training: without checkpoints, and just after starting an (async) checkpoint save.
+
+The workers print one `RESULT {json}` line per session; the tests read those lines and
+the artefacts (checkpoints, event files, metrics.jsonl) back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxmon as jm
+
+WORKER = textwrap.dedent('''
+    import json, os, sys, time
+    import jaxmon as jm
+
+    pid, address, workdir, scenarios = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+    heartbeat = {"heartbeat_timeout_seconds": int(sys.argv[5])} if len(sys.argv) > 5 else {}
+    jm.distributed.initialize(address, num_processes=2, process_id=pid, initialization_timeout=60, **heartbeat)
+    import jax, jax.numpy as jnp, numpy as np, optax
+
+    assert jax.process_count() == 2 and jax.device_count() == 2
+    tx = optax.sgd(0.1)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+
+    def init_fn():
+        params = {"w": jnp.full((4,), 0.1, jnp.float32)}
+        return {"params": params, "opt": tx.init(params)}
+
+    def step_fn(state, batch):
+        def loss_fn(params):
+            return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt = tx.update(grads, state["opt"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, {"loss": loss}
+
+    def batches(nan_at=None, end_after=None):
+        """This process's part of each global batch (4 of its 8 rows): different data
+        on each process. `nan_at`: the index of a batch full of NaN; `end_after`: how
+        many batches there are (default: endless)."""
+        rng = np.random.default_rng(pid)
+        i = 0
+        while end_after is None or i < end_after:
+            x = rng.normal(size=(4, 4)).astype(np.float32)
+            y = rng.normal(size=(4,)).astype(np.float32)
+            if i == nan_at:
+                x[:] = np.nan
+            yield {"x": x, "y": y}
+            i += 1
+
+    def host(array):  # a replicated global array, as this process sees it
+        return np.asarray(array.addressable_data(0))
+
+    class StopAt(jm.Hook):
+        def __init__(self, step):
+            self.stop_step = step
+        def after_run(self, ctx, values):
+            if values.step == self.stop_step:
+                ctx.request_stop()
+
+    class Sleep(jm.Hook):
+        def __init__(self, secs):  # seconds, or seconds for each step
+            self.secs = secs
+        def after_run(self, ctx, values):
+            time.sleep(self.secs if np.ndim(self.secs) == 0 else self.secs[values.step])
+
+    class Losses(jm.Hook):  # this process's view of every step's (global) loss
+        def __init__(self):
+            self.losses = {}
+        def after_run(self, ctx, values):
+            self.losses[values.step] = float(host(values.outputs["loss"]))
+
+    class FailAt(jm.Hook):  # a process-local check, as a NaN check on local data would do
+        def __init__(self, step):
+            self.fail_step = step
+        def after_run(self, ctx, values):
+            if values.step == self.fail_step:
+                raise ValueError(f"local check on process {pid} failed at step {values.step}")
+
+    class Progress(jm.Hook):
+        def after_run(self, ctx, values):
+            print(f"STEP {values.step}", flush=True)
+
+    class Die(jm.Hook):
+        def __init__(self, step):
+            self.die_step = step
+        def after_run(self, ctx, values):
+            if values.step == self.die_step:
+                print(f"DYING at {values.step}", flush=True)
+                os._exit(3)
+
+    def train(name, data, *, hooks=(), chief_only_hooks=(), extra=None, last_step=1000, save_checkpoint_steps=5):
+        directory = os.path.join(workdir, name)
+        losses = Losses()
+        result = {"scenario": name, "process": pid}
+        sess = None
+        start = time.monotonic()
+        try:
+            with jm.MonitoredTrainingSession(
+                    step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=directory,
+                    chief_only_hooks=list(chief_only_hooks),
+                    hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=last_step), losses, *hooks],
+                    save_summaries_steps=5, save_checkpoint_steps=save_checkpoint_steps,
+                    log_step_count_steps=5) as sess:
+                while not sess.should_stop():
+                    sess.run()
+            result["ok"] = True
+        except Exception as error:
+            result.update(ok=False, error_type=type(error).__name__, error=str(error),
+                          error_step=getattr(error, "step", None))
+        result["secs"] = round(time.monotonic() - start, 2)
+        if sess is not None:
+            result["step"] = sess.step
+            result["preempted"] = sess.preemption_requested
+            result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
+        result["losses"] = losses.losses
+        result.update(extra or {})
+        print("RESULT " + json.dumps(result), flush=True)
+
+    for scenario in scenarios:
+        if scenario == "train":  # chief-only summaries and stop, checkpoints, a seconds-based trigger
+            fired = []
+            periodic = jm.PeriodicHook(lambda session: fired.append(session.step), every_n_secs=0.1)
+            # Process 1 reaches the trigger a varying time into each step: its own clock
+            # would fire at other steps than the chief's.
+            jitter = [Sleep(np.random.default_rng(7).uniform(0, 0.05, 1000))] if pid == 1 else []
+            train("train", batches(), hooks=[*jitter, periodic],
+                  chief_only_hooks=[StopAt(30), Sleep(0.03)], extra={"fired": fired})
+        elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
+            train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
+        elif scenario == "nan":  # batch 9 (step 10) of process 1 is NaN: the global loss is NaN
+            train("nan", batches(nan_at=9 if pid == 1 else None))
+        elif scenario == "eod":  # process 1 has 12 batches, process 0 endless
+            train("eod", batches(end_after=12 if pid == 1 else None))
+        elif scenario == "sigterm":  # the test sends SIGTERM to process 1 while this trains
+            train("sigterm", batches(), hooks=[Progress(), Sleep(0.01)], last_step=10**6)
+        elif scenario == "die":  # process 1 dies at step 5, just after starting to save it
+            train("die", batches(), hooks=[Die(5)] if pid == 1 else [])
+        elif scenario == "die_no_checkpoints":  # process 1 dies at step 6; no saves
+            train("die_no_checkpoints", batches(), hooks=[Die(6)] if pid == 1 else [], save_checkpoint_steps=None)
+        else:
+            raise ValueError(scenario)
+    print("WORKER DONE", flush=True)
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Workers:
+    """Two worker processes; their merged stdout/stderr read line by line by threads."""
+
+    def __init__(self, tmp_path: Path, scenarios: list[str], *extra_args: str):
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+        self.workdir = tmp_path / "runs"
+        address = f"127.0.0.1:{free_port()}"
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        env.pop("XLA_FLAGS", None)  # one CPU device a process
+        self.lines: list[list[str]] = [[], []]
+        self.times: list[list[float]] = [[], []]  # when each line was read
+        self.eof_time: list[float | None] = [None, None]  # when the output ended (the process exited)
+        self.processes = [
+            subprocess.Popen([sys.executable, str(script), str(i), address, str(self.workdir), ",".join(scenarios),
+                              *extra_args],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(2)]
+        self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(2)]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, i: int) -> None:
+        for line in self.processes[i].stdout:
+            self.times[i].append(time.monotonic())
+            self.lines[i].append(line.rstrip("\n"))
+        self.eof_time[i] = time.monotonic()
+
+    def wait_for_line(self, i: int, predicate, timeout: float) -> float:
+        """Waits for a line of worker i that matches; returns when it was read."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            done = not self.readers[i].is_alive()
+            lines = self.lines[i]
+            for n in range(seen, len(lines)):
+                if predicate(lines[n]):
+                    return self.times[i][n]
+                seen = n + 1
+            if done:
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"worker {i} printed no matching line within {timeout} s:\n{self.output(i)}")
+
+    def wait(self, i: int, timeout: float) -> int:
+        try:
+            rc = self.processes[i].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {i} did not exit within {timeout} s:\n{self.output(i)}") from None
+        self.readers[i].join(timeout=10)
+        return rc
+
+    def output(self, i: int) -> str:
+        return "\n".join(self.lines[i][-60:])
+
+    def results(self, i: int) -> dict[str, dict]:
+        return {r["scenario"]: r for r in (json.loads(line[len("RESULT "):]) for line in self.lines[i]
+                                          if line.startswith("RESULT "))}
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    """The main launch: four sessions in the same two processes, then SIGTERM to process
+    1 in a fifth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
+    the last exit)."""
+    workers = Workers(tmp_path_factory.mktemp("multiprocess"), ["train", "hook_error", "nan", "eod", "sigterm"])
+    try:
+        # Both step in lockstep; process 1 is well into the last session's training.
+        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=150)
+        signalled = time.monotonic()
+        workers.processes[1].send_signal(signal.SIGTERM)
+        rcs = [workers.wait(i, timeout=30) for i in (1, 0)]
+        workers.exit_secs = time.monotonic() - signalled
+        workers.rcs = rcs[::-1]
+        yield workers
+    finally:
+        workers.kill()
+
+
+def single_device_state() -> dict:
+    """The workers' state structure, on this process's one device."""
+    import jax.numpy as jnp
+    import optax
+    params = {"w": jnp.zeros((4,), jnp.float32)}
+    return {"params": params, "opt": optax.sgd(0.1).init(params)}
+
+
+def both(workers: Workers, scenario: str) -> list[dict]:
+    results = [workers.results(i).get(scenario) for i in range(2)]
+    assert all(results), f"no result for {scenario!r}:\n{workers.output(0)}\n---\n{workers.output(1)}"
+    return results
+
+
+def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
+    p0, p1 = both(main_run, "train")
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    # The chief-only hook asked to stop at step 30: both stopped there, with one state.
+    assert p0["step"] == p1["step"] == 30
+    assert p0["w"] == p1["w"] and p0["w"] != [0.1] * 4
+    assert p0["losses"] == p1["losses"] and sorted(map(int, p0["losses"])) == list(range(1, 31))
+    run = main_run.workdir / "train"
+    # Summaries: the chief's only.
+    events = sorted(run.rglob("events.out.tfevents*"))
+    assert len(events) == 1 and events[0].parent == run, events
+    assert sorted(run.rglob("metrics.jsonl")) == [run / "metrics.jsonl"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    loss_rows = {row["step"]: row["loss"] for row in rows if "loss" in row}
+    assert sorted(loss_rows) == [1, 6, 11, 16, 21, 26], rows  # save_summaries_steps=5
+    assert loss_rows == {step: p0["losses"][str(step)] for step in loss_rows}, (loss_rows, p0["losses"])
+    # Checkpoints: every 5 steps, and the last at the stop step; it restores here.
+    assert jm.latest_checkpoint_step(run) == 30
+    steps = sorted(int(d.name) for d in run.iterdir() if d.name.isdigit())
+    assert steps[-2:] == [25, 30] and all(step % 5 == 0 for step in steps), steps
+    restored = jm.restore_checkpoint(run, like=single_device_state())  # the test's one device
+    assert restored.step == 30 and restored.meta["step"] == 30
+    assert type(restored.state["opt"]) is type(single_device_state()["opt"])
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+
+
+def test_checkpoint_of_two_processes_restores_without_like(main_run):
+    # restore_checkpoint's docstring: "like: ... None gives nested dicts of arrays".
+    p0, _ = both(main_run, "train")
+    restored = jm.restore_checkpoint(main_run.workdir / "train")
+    assert restored.step == 30
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+
+
+def test_seconds_based_trigger_fires_at_the_same_steps_on_both(main_run):
+    p0, p1 = both(main_run, "train")
+    # every_n_secs=0.1 with >= 0.03 s a step (the chief sleeps): several firings, not every step.
+    assert p0["fired"] == p1["fired"], (p0["fired"], p1["fired"])
+    assert 3 <= len(p0["fired"]) < 30, p0["fired"]
+    assert p0["fired"][0] == 1 and p0["fired"] == sorted(set(p0["fired"]))
+
+
+def test_hook_error_on_one_process_stops_both_at_that_step(main_run):
+    p0, p1 = both(main_run, "hook_error")
+    assert p1["error_type"] == "ValueError" and "local check on process 1 failed at step 8" in p1["error"], p1
+    assert p0["error_type"] == "PeerError", p0
+    assert "JAX process 1 failed after step 8" in p0["error"], p0
+    assert "local check on process 1 failed at step 8" in p0["error"], p0
+    assert p0["step"] == p1["step"] == 8
+    assert p0["w"] == p1["w"]
+    run = main_run.workdir / "hook_error"
+    assert jm.latest_checkpoint_step(run) == 5  # nothing after the failure
+
+
+def test_nan_in_one_process_data_raises_on_both_at_one_step(main_run):
+    p0, p1 = both(main_run, "nan")
+    for result in (p0, p1):
+        assert result["error_type"] == "NanLossDuringTrainingError", result
+        assert result["error_step"] == 10 and "at step 10" in result["error"], result
+    assert p0["step"] == p1["step"] >= 10
+    run = main_run.workdir / "nan"
+    # Step 10 is a checkpoint step, but its state is NaN: it is not saved.
+    assert jm.latest_checkpoint_step(run) == 5
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    assert np.isfinite(np.asarray(restored.state["params"]["w"])).all()
+
+
+def test_end_of_data_on_one_process_stops_both_cleanly(main_run):
+    p0, p1 = both(main_run, "eod")
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    assert p0["step"] == p1["step"] == 12
+    assert p0["w"] == p1["w"]
+    run = main_run.workdir / "eod"
+    assert jm.latest_checkpoint_step(run) == 12
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+
+
+def test_sigterm_to_the_non_chief_saves_one_step_on_both_and_exits_cleanly(main_run):
+    p0, p1 = both(main_run, "sigterm")
+    assert main_run.rcs == [0, 0], (main_run.rcs, main_run.output(0), main_run.output(1))
+    assert main_run.exit_secs < 10, main_run.exit_secs
+    assert p0["ok"] and p1["ok"] and p0["preempted"] and p1["preempted"], (p0, p1)
+    assert p0["step"] == p1["step"] > 20
+    assert p0["w"] == p1["w"]
+    run = main_run.workdir / "sigterm"
+    assert jm.latest_checkpoint_step(run) == p0["step"]
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+    assert all("WORKER DONE" in main_run.lines[i] for i in range(2))
+
+
+# JAX declares a silent peer dead after `heartbeat_timeout_seconds` (default 100 s) and
+# then aborts the survivors; the launches where a process dies shorten it to keep the
+# test short (jm.distributed.initialize passes it on to jax.distributed.initialize).
+HEARTBEAT_SECS = 10
+DIE_STEP = {"die_no_checkpoints": 6, "die": 5}
+
+
+@pytest.fixture(scope="module")
+def die_runs(tmp_path_factory):
+    """Two launches at once, in each of which process 1 dies (`os._exit(3)` in a hook):
+    one without checkpoints, one just after starting the (async, collective) save of
+    that step. Gives {scenario: (workers, when process 1 died, [rc of 0, rc of 1])}."""
+    launches = {scenario: Workers(tmp_path_factory.mktemp(scenario), [scenario], str(HEARTBEAT_SECS))
+                for scenario in DIE_STEP}
+    try:
+        runs = {}
+        for scenario, workers in launches.items():
+            died = workers.wait_for_line(1, lambda line, s=scenario: line == f"DYING at {DIE_STEP[s]}", timeout=120)
+            rc1 = workers.wait(1, timeout=30)
+            try:
+                rc0 = workers.processes[0].wait(timeout=max(1.0, died + 40 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                rc0 = None  # still running: hung
+            workers.readers[0].join(timeout=10)
+            runs[scenario] = (workers, died, [rc0, rc1])
+        yield runs
+    finally:
+        for workers in launches.values():
+            workers.kill()
+
+
+@pytest.mark.parametrize("scenario", list(DIE_STEP))
+def test_a_dead_process_makes_the_other_fail_fast_with_a_clear_error(die_runs, scenario):
+    workers, died, rcs = die_runs[scenario]
+    output = workers.output(0)
+    assert rcs[1] == 3
+    # The survivor raises a clear PeerError at once, at the step the peer died in ...
+    result = workers.results(0).get(scenario)
+    assert result is not None, f"process 0 printed no result; its output:\n{output}"
+    assert result["error_type"] == "PeerError" and result["step"] == DIE_STEP[scenario], result
+    assert "stopped answering" in result["error"] and "died" in result["error"], result
+    assert "PeerError" in output
+    reported = workers.wait_for_line(0, lambda line: line.startswith("RESULT "), timeout=1)
+    assert reported - died < 5, reported - died
+    # ... and is not left hanging: it ends (JAX aborts it at its shutdown barrier, rc -6,
+    # once the heartbeat timeout declares the peer dead: known and accepted).
+    assert rcs[0] in (0, -signal.SIGABRT), (rcs, output)
+    assert workers.eof_time[0] - died < 30, workers.eof_time[0] - died
