@@ -46,12 +46,20 @@ class RunContext:
       session: the `MonitoredSession` running it.
       original_args: the caller's fetches, and this run's batch (given to `run()` or
         taken from `data`, before any hook's feeds) as `feeds`.
+      steps: how many steps this run takes (1, or more with `steps_per_dispatch`).
     """
 
     step: int
     session: MonitoredSession
     original_args: RunArgs
     _stop_requested: bool = False
+    steps: int = 1
+
+    @property
+    def next_step(self) -> int:
+        """The step number after this run (`step + steps`): what a periodic hook asks
+        its timer about in `before_run`."""
+        return self.step + self.steps
 
     @property
     def stop_requested(self) -> bool:
@@ -122,6 +130,18 @@ class Hook:
         """Called once on every exit, clean or not, after `end`: flush and release
         files, writers and profilers here. Errors are raised on a clean exit and
         logged on an exit that is already raising."""
+
+    def steps_to_next_trigger(self, step: int) -> int | None:
+        """How many steps from `step` this hook next needs a run to end on, or None if
+        any will do. With `steps_per_dispatch`, the session ends its runs there, so that
+        the hook fires on its exact step. The default reads the hook's `_timer` (a
+        step-based `SecondOrStepTimer`); seconds-based hooks fire at run ends."""
+        timer = getattr(self, "_timer", None)
+        every = getattr(timer, "every_steps", None)
+        if not every:
+            return None
+        last = timer.last_triggered_step()
+        return 1 if last is None else max(1, last + every - step)
 
     def get_state(self) -> dict[str, Any] | None:
         """The hook's own state to save with each checkpoint, JSON-serialisable, or None.

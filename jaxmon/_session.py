@@ -83,6 +83,14 @@ class MonitoredSession:
         batch array over all the mesh's axes (data parallelism) and replicates
         scalars. Fetched values must be replicated when several processes share the
         mesh (a loss and metrics are): each process reads its own copy.
+      steps_per_dispatch: run up to this many steps per `run()` in one dispatch
+        (`jax.lax.scan` over that many batches from `data`, or over a list of batches
+        given to `run()`), cutting runs short so that every step-based trigger (a
+        hook's `steps_to_next_trigger`: summaries, checkpoints, evaluations, the last
+        step) still ends a run on its exact step. Run lengths are powers of two, so at
+        most log2(k) + 1 programs compile per fetch set. Hooks see one `before_run` /
+        `after_run` per run (`ctx.steps` steps), with the last step's outputs, as TF's
+        `steps_per_run`. Seconds-based triggers fire at run ends. One process, no mesh.
       max_dispatch_ahead: at most this many steps queued without waiting for one (the
         run that would queue one more first waits for the oldest). "auto": 16 when
         several CPU devices run the step (XLA aborts when ~50 programs with
@@ -122,6 +130,7 @@ class MonitoredSession:
         state_sharding: Any = None,
         batch_sharding: Any = None,
         max_dispatch_ahead: int | None | str = "auto",
+        steps_per_dispatch: int = 1,
     ):
         if (init_fn is None) == (state is None):
             raise ValueError(
@@ -148,6 +157,13 @@ class MonitoredSession:
         if max_dispatch_ahead is not None:
             _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
         self.max_dispatch_ahead = max_dispatch_ahead
+        _errors.check_int("steps_per_dispatch", steps_per_dispatch, minimum=1)
+        if steps_per_dispatch > 1 and (mesh is not None or jax.process_count() > 1):
+            raise ValueError(f"steps_per_dispatch={steps_per_dispatch} works on one process without mesh= for now; "
+                             "use steps_per_dispatch=1 with a mesh or several processes.")
+        self.steps_per_dispatch = steps_per_dispatch
+        self._buffer: collections.deque = collections.deque()  # (batch, data position before it) taken ahead
+        self._last_length = 1
         self._in_flight: collections.deque = collections.deque()
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
         self._hooks = _check_hooks(() if hooks is None else hooks)
@@ -236,7 +252,7 @@ class MonitoredSession:
             for attempt in itertools.count(1):
                 try:
                     if take_from_data:
-                        batch, take_from_data = next(self._data), False
+                        batch, take_from_data = self._next_batch(), False
                     return self._run_hooked(batch, fetches, wanted)
                 except Exception as error:
                     if not _errors.is_recoverable(error) or attempt > self._max_recoveries:
@@ -250,8 +266,41 @@ class MonitoredSession:
             self._stop_requested = True  # end of data: a clean stop
             raise
 
+    def _next_batch(self) -> Any:
+        """The next batch from `data`; with `steps_per_dispatch`, a `_Steps` of as many
+        as the next trigger allows (a power of two), stacked."""
+        if self.steps_per_dispatch == 1:
+            return next(self._data)
+        length = self._run_length()
+        get_state = getattr(self._data, "get_state", None)
+        while len(self._buffer) < length:
+            position = get_state() if callable(get_state) else None
+            try:
+                self._buffer.append((next(self._data), position))
+            except StopIteration:
+                if not self._buffer:
+                    raise
+                length = 1 << (len(self._buffer).bit_length() - 1)  # what is left, in powers of two
+        items = [self._buffer.popleft()[0] for _ in range(length)]
+        return items[0] if length == 1 else _Steps(items)
+
+    def _run_length(self) -> int:
+        """The most steps the next run may take: `steps_per_dispatch`, cut to the next
+        step some hook must end a run on, rounded down to a power of two."""
+        limit = self.steps_per_dispatch
+        for hook in self._hooks:
+            steps = hook.steps_to_next_trigger(self._step)
+            if steps is not None:
+                limit = min(limit, steps)
+        return 1 << (max(1, limit).bit_length() - 1)
+
     def _run_hooked(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
-        ctx = RunContext(self._step, self, RunArgs(fetches, batch))
+        length = 1
+        if isinstance(batch, list) and self.steps_per_dispatch > 1:
+            batch = _Steps(batch)
+        if isinstance(batch, _Steps):
+            length, batch = len(batch.items), batch.stacked()
+        ctx = RunContext(self._step, self, RunArgs(fetches, batch), steps=length)
         now: list[list] = []  # [hook, results] of the hooks whose after_run follows this run, in order
         late: list[list] = []  # ... and of those asking for late delivery
         asking: list[tuple[list, RunArgs]] = []  # those fetching or feeding
@@ -272,7 +321,11 @@ class MonitoredSession:
                 asking.append((entry, args))
         plan, fetching = _NOTHING_FETCHED, []
         if asking:
-            batch = _merge_feeds(batch, [(entry[0], args.feeds) for entry, args in asking if args.feeds])
+            feeds = [(entry[0], args.feeds) for entry, args in asking if args.feeds]
+            if length > 1:  # one value for every step of the run
+                feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
+                         for hook, f in feeds]
+            batch = _merge_feeds(batch, feeds)
             fetching = [(entry, _fetches.normalize(args.fetches, entry[0]))
                         for entry, args in asking if args.fetches is not None]
             if fetching:
@@ -281,11 +334,11 @@ class MonitoredSession:
             plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
         if self._placement is not None:
             batch = self._placement.place_batch(batch)
-        self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners)
+        self._state, outputs, fetched = self._compiled(plan.key, self._state, batch, plan.owners, length)
         if self.max_dispatch_ahead is not None:
             self._bound_dispatch(outputs)
-        self._step += 1
-        self._last_run = (batch, outputs)
+        self._step += length
+        self._last_run, self._last_length = (batch, outputs), length
         if self._sync_preemption:
             self._poll_preemption()
         if self._preempted:
@@ -400,6 +453,8 @@ class MonitoredSession:
         if wanted is None:
             return {}
         batch, outputs = self._last_run
+        if self._last_length > 1:  # the last step's batch of a multi-step run
+            batch = jax.tree.map(lambda x: x[-1], batch)
         plan = _fetches.FetchPlan([("fetch(...)", wanted)])
         fetched = self._compiled.evaluate(plan.key, self._state, batch, outputs, plan.owners)
         [result] = plan.route(outputs, fetched)
@@ -475,6 +530,7 @@ class MonitoredSession:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(data_state)
                 self._prefetched = None
+                self._buffer.clear()
                 self._data_rewound = True
             else:
                 logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
@@ -509,6 +565,8 @@ class MonitoredSession:
         get_data_state = getattr(self._data, "get_state", None)
         if self._prefetched is not None:  # the position before the batch taken ahead
             get_data_state = lambda position=self._prefetched[1]: position  # noqa: E731
+        elif self._buffer:  # the position before the batches taken ahead for later runs
+            get_data_state = lambda position=self._buffer[0][1]: position  # noqa: E731
         info = {
             **_checkpoint.versions(),
             "step": self._step,
@@ -793,6 +851,22 @@ def _check_run_args(args: Any, hook: Hook) -> RunArgs:
     if args.feeds is not None and not isinstance(args.feeds, Mapping):
         raise TypeError(f"{hook!r}.before_run feeds {args.feeds!r}; feeds must be a dict {{key: value}}.")
     return args
+
+
+class _Steps:
+    """The batches of one multi-step run, stacked on a new leading axis when used."""
+
+    def __init__(self, items: list[Any]):
+        if not items:
+            raise ValueError("run() was given an empty list of batches; give at least one.")
+        self.items = items
+
+    def stacked(self) -> Any:
+        try:
+            return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *self.items)
+        except ValueError as error:
+            raise ValueError(f"The {len(self.items)} batches of one run must have the same structure and "
+                             f"shapes to be stacked for steps_per_dispatch: {error}") from None
 
 
 def _merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:

@@ -61,24 +61,35 @@ class CompiledStep:
         #: on its shardings with it); set before the first call.
         self.state_constraint: Callable[[Any], Any] | None = None
 
-    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object]):
-        variant = self._variants.get(key)
+    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
+                 length: int = 1):
+        """One dispatch: one step, or with `length` > 1 that many steps scanned over
+        the leading axis of `batch` (outputs and fetches of the last step)."""
+        variant = self._variants.get((key, length))
         if variant is None:
-            variant = self._variants[key] = self._build(key, dict(owners))
-            if len(self._variants) == VARIANT_WARNING + 1:
+            variant = self._variants[key, length] = self._build(key, dict(owners), length)
+            if len(self._variants) > VARIANT_WARNING and len({k for k, _ in self._variants}) == VARIANT_WARNING + 1:
                 logger.warning(
                     "The step is now compiled for %d distinct fetch sets. A hook probably "
                     "fetches a new callable each run (e.g. a lambda made in before_run): "
                     "create the callable once and pass the same object every run.",
-                    len(self._variants),
+                    len({k for k, _ in self._variants}),
                 )
         return variant(state, batch)
 
-    def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object]) -> Callable[..., Any]:
-        def variant(state, batch):
+    def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
+        def one_step(state, batch):
             new_state, outputs = _check_result(self._step_fn(state, batch), state)
             if self.state_constraint is not None:
                 new_state = self.state_constraint(new_state)
+            return new_state, outputs
+
+        def variant(state, batch):
+            if length == 1:
+                new_state, outputs = one_step(state, batch)
+            else:  # the last step's batch and outputs are what fetches see, as after one step
+                new_state, stacked = jax.lax.scan(one_step, state, batch, length=length)
+                batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
             self.trace_count += 1  # a trace that raised compiles nothing
             return new_state, outputs, fetched

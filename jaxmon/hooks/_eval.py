@@ -217,9 +217,9 @@ class EarlyStoppingHook(Hook):
                                                                state["seen"])
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if self._timer is None or not self._timer.should_trigger_for_step(ctx.step + 1):
+        if self._timer is None or not self._timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.step + 1)
+        self._timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -246,7 +246,7 @@ class EarlyStoppingHook(Hook):
             return
         self._waited += 1
         if self._waited >= max(self.patience, 1):
-            self.stopped_step = ctx.step + 1
+            self.stopped_step = ctx.next_step
             logger.info("EarlyStoppingHook: %r has not improved by more than %g for %d checks (best %s at step "
                         "%s); stopping at step %d.", self.fetch, self.min_delta, self._waited, self.best,
                         self.best_step, self.stopped_step)

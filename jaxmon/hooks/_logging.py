@@ -103,6 +103,9 @@ class LoggingHook(Hook):
         super().set_state(state)
         self._iter_count = state["iter_count"]
 
+    def steps_to_next_trigger(self, step: int) -> int | None:
+        return None  # it counts runs (iterations), as TF's LoggingTensorHook did, not steps
+
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         iteration, self._iter_count = self._iter_count, self._iter_count + 1
         if not self._timer.should_trigger_for_step(iteration):
@@ -265,9 +268,9 @@ class ProgressBarHook(Hook):
             self._total = min((s for s in stops if s is not None), default=None)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.enabled or not self._timer.should_trigger_for_step(ctx.step + 1):
+        if not self.enabled or not self._timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.step + 1)
+        self._timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches={}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

@@ -49,6 +49,9 @@ class StopAtStepHook(Hook):
         if self._num_steps is not None:  # the run being resumed fixed it at its start
             self._last_step = state["last_step"]
 
+    def steps_to_next_trigger(self, step: int) -> int | None:
+        return None if self._last_step is None else max(1, self._last_step - step)
+
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.step >= self._last_step:
             ctx.request_stop()

@@ -104,9 +104,9 @@ class SummarySaverHook(Hook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self._timer.should_trigger_for_step(ctx.step + 1):
+        if not self._timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.step + 1)
+        self._timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches or {}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -200,7 +200,7 @@ class ProfilerHook(Hook):
             self._stop(self._tracing)
 
     def before_run(self, ctx: RunContext) -> None:
-        step = ctx.step + 1
+        step = ctx.next_step
         if self._first:  # the first run only starts the timer: it would trace the compilation
             self._first = False
             self._timer.update_last_triggered_step(ctx.step)
