@@ -863,10 +863,17 @@ class _Steps:
 
     def stacked(self) -> Any:
         try:
-            return jax.tree.map(lambda *leaves: np.stack([np.asarray(leaf) for leaf in leaves]), *self.items)
+            return jax.tree.map(_stack, *self.items)
         except ValueError as error:
             raise ValueError(f"The {len(self.items)} batches of one run must have the same structure and "
                              f"shapes to be stacked for steps_per_dispatch: {error}") from None
+
+
+def _stack(*leaves: Any) -> Any:
+    """Device arrays stack on the device (one dispatch); host values on the host."""
+    if all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return jax.numpy.stack(leaves)
+    return np.stack([np.asarray(leaf) for leaf in leaves])
 
 
 def _merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:

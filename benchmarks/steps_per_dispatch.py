@@ -1,0 +1,115 @@
+"""Several steps per dispatch: jaxmon's `steps_per_dispatch=32` against a bare
+`lax.scan` over 32 steps, and both against one step per dispatch.
+
+Workload: the MLP of core_overhead.py (32-64-10, batch 128, Adam, data on the device).
+Variants, rotated every round, medians of --rounds rounds of --steps steps:
+- bare_jit: one jitted step per dispatch (the reference of the other benchmarks);
+- bare_scan32: a jitted `lax.scan` of 32 steps per dispatch over 32 stacked batches
+  already on the device (the limit);
+- session_default_k32: `MonitoredSession(steps_per_dispatch=32)` taking batches from an
+  iterator, with the default set (StepCounterHook, SummarySaverHook and LoggingHook
+  every 100, NanHook, StopAtStepHook): runs cut to land on steps 1, 101, 201, ...;
+- session_default_k1: the same hooks, one step per run.
+Prints JSON with median us/step and ratios to bare_scan32.
+
+Run: .venv/bin/python benchmarks/steps_per_dispatch.py [--steps 3200] [--rounds 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+from core_overhead import make_workload
+from hooks_overhead import default_hooks
+
+import jaxmon as jm
+
+
+def variants(init_fn, step_fn, batch, logdir):
+    single = jax.jit(step_fn, donate_argnums=0)
+    scan = jax.jit(lambda state, batches: jax.lax.scan(step_fn, state, batches), donate_argnums=0)
+    stacked = jax.tree.map(lambda x: jnp.stack([x] * 32), batch)
+
+    def bare_jit(steps):
+        state = init_fn()
+        for _ in range(steps):
+            state, _ = single(state, batch)
+        return state
+
+    def bare_scan32(steps):
+        state = init_fn()
+        for _ in range(steps // 32):
+            state, _ = scan(state, stacked)
+        return state
+
+    def session(k):
+        def make():
+            def data():
+                while True:
+                    yield batch
+
+            sess = jm.MonitoredSession(step_fn, init_fn, data=data(), hooks=default_hooks(tempfile.mkdtemp(dir=logdir)),
+                                       steps_per_dispatch=k)
+
+            def run(steps):
+                end = sess.step + steps
+                while sess.step < end:
+                    sess.run()
+                sess.sync()
+                return sess.state
+
+            run.close = sess.close
+            return run
+
+        return make
+
+    def bare(fn):
+        def make():
+            return fn
+        return make
+
+    return {"bare_jit": bare(bare_jit), "bare_scan32": bare(bare_scan32), "session_default_k32": session(32),
+            "session_default_k1": session(1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3200)
+    parser.add_argument("--rounds", type=int, default=11)
+    args = parser.parse_args()
+    log = logging.getLogger("jaxmon")
+    log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    with tempfile.TemporaryDirectory() as logdir:
+        runs = variants(*make_workload(), logdir)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        names = list(runs)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                run = runs[name]()  # a fresh session (or loop) each round
+                jax.block_until_ready(run(256))  # compile and first triggers outside the timing
+                start = time.perf_counter()
+                jax.block_until_ready(run(args.steps))
+                times[name].append((time.perf_counter() - start) / args.steps * 1e6)
+                getattr(run, "close", lambda: None)()
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print(json.dumps({
+        "steps": args.steps, "rounds": args.rounds,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {jax.devices()[0].platform}, jax {jax.__version__}",
+        "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
+        "ratio_to_bare_scan32": {k: round(v / medians["bare_scan32"], 3) for k, v in medians.items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
