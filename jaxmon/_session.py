@@ -863,6 +863,8 @@ class _Steps:
 
     def stacked(self) -> Any:
         try:
+            if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items)):
+                return _stack_on_device(self.items)  # one dispatch for every leaf
             return jax.tree.map(_stack, *self.items)
         except ValueError as error:
             raise ValueError(f"The {len(self.items)} batches of one run must have the same structure and "
@@ -870,10 +872,12 @@ class _Steps:
 
 
 def _stack(*leaves: Any) -> Any:
-    """Device arrays stack on the device (one dispatch); host values on the host."""
-    if all(isinstance(leaf, jax.Array) for leaf in leaves):
-        return jax.numpy.stack(leaves)
     return np.stack([np.asarray(leaf) for leaf in leaves])
+
+
+@jax.jit
+def _stack_on_device(items: list[Any]) -> Any:
+    return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)
 
 
 def _merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:
