@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from core_overhead import make_workload
+from rotating import summary, time_rotating
 
 
 def variants(init_fn, step_fn, batch):
@@ -103,21 +100,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args()
     runs = variants(*make_workload())
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            jax.block_until_ready(runs[name](200))  # compile outside the timing
-            start = time.perf_counter()
-            jax.block_until_ready(runs[name](args.steps))
-            times[name].append((time.perf_counter() - start) / args.steps * 1e6)
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    print(json.dumps({
-        "steps": args.steps, "rounds": args.rounds,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {jax.devices()[0].platform}, jax {jax.__version__}",
-        "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
-        "ratio_to_bare": {k: round(v / medians["bare"], 3) for k, v in medians.items()},
-    }, indent=2))
+    times = time_rotating({name: (lambda run=run: run) for name, run in runs.items()}, args.steps, args.rounds,
+                          warmup=200)
+    print(json.dumps(summary(times, "bare", steps=args.steps, rounds=args.rounds), indent=2))
 
 
 if __name__ == "__main__":

@@ -21,15 +21,13 @@ import argparse
 import json
 import logging
 import os
-import platform
-import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 from core_overhead import make_workload
 from hooks_overhead import default_hooks
+from rotating import summary, time_rotating
 
 import jaxmon as jm
 
@@ -91,24 +89,8 @@ def main() -> None:
     log.setLevel(logging.INFO)
     log.propagate = False
     with tempfile.TemporaryDirectory() as logdir:
-        runs = variants(*make_workload(), logdir)
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        names = list(runs)
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                run = runs[name]()  # a fresh session (or loop) each round
-                jax.block_until_ready(run(256))  # compile and first triggers outside the timing
-                start = time.perf_counter()
-                jax.block_until_ready(run(args.steps))
-                times[name].append((time.perf_counter() - start) / args.steps * 1e6)
-                getattr(run, "close", lambda: None)()
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    print(json.dumps({
-        "steps": args.steps, "rounds": args.rounds,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {jax.devices()[0].platform}, jax {jax.__version__}",
-        "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
-        "ratio_to_bare_scan32": {k: round(v / medians["bare_scan32"], 3) for k, v in medians.items()},
-    }, indent=2))
+        times = time_rotating(variants(*make_workload(), logdir), args.steps, args.rounds, warmup=256)
+    print(json.dumps(summary(times, "bare_scan32", steps=args.steps, rounds=args.rounds), indent=2))
 
 
 if __name__ == "__main__":
