@@ -201,7 +201,6 @@ class MonitoredSession:
         self._sync_preemption = jax.process_count() > 1
         self._agreement = _agree.Agreement() if jax.process_count() > 1 else None
         self._agreed_stop = self._data_ended = False
-        self._prefetched: tuple[Any, Any] | None = None  # (batch, data position before it)
         if self._agreement is not None:  # seconds-based triggers read the chief's clock, agreed each run
             for hook in self._hooks:
                 timer = getattr(hook, "_timer", None)
@@ -363,8 +362,7 @@ class MonitoredSession:
         before agreeing, so that the end of one process's data stops all of them."""
         from_data = batch is None and self._data is not None
         if from_data:
-            batch = self._prefetched[0] if self._prefetched is not None else next(self._data)
-            self._prefetched = None
+            batch = self._buffer.popleft()[0] if self._buffer else next(self._data)
         before, error, result = self._step, None, None
         try:
             result = self._run_hooked(batch, fetches, wanted)
@@ -375,7 +373,7 @@ class MonitoredSession:
         if from_data:
             position = self._data.get_state() if callable(getattr(self._data, "get_state", None)) else None
             try:
-                self._prefetched = (next(self._data), position)
+                self._buffer.append((next(self._data), position))
             except StopIteration:
                 self._data_ended = True
         try:
@@ -529,7 +527,6 @@ class MonitoredSession:
         if data_state is not None:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(data_state)
-                self._prefetched = None
                 self._buffer.clear()
                 self._data_rewound = True
             else:
@@ -563,9 +560,7 @@ class MonitoredSession:
             if state is not None:
                 hooks[key] = state
         get_data_state = getattr(self._data, "get_state", None)
-        if self._prefetched is not None:  # the position before the batch taken ahead
-            get_data_state = lambda position=self._prefetched[1]: position  # noqa: E731
-        elif self._buffer:  # the position before the batches taken ahead for later runs
+        if self._buffer:  # the position before the batches taken ahead for later runs
             get_data_state = lambda position=self._buffer[0][1]: position  # noqa: E731
         info = {
             **_checkpoint.versions(),
