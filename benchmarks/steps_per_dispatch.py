@@ -12,7 +12,7 @@ Variants, rotated every round, medians of --rounds rounds of --steps steps:
 - session_default_k1: the same hooks, one step per run.
 Prints JSON with median us/step and ratios to bare_scan32.
 
-Run: .venv/bin/python benchmarks/steps_per_dispatch.py [--steps 3200] [--rounds 11]
+Run: .venv/bin/python benchmarks/steps_per_dispatch.py [--steps 3200] [--rounds 11] [--workload large]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from core_overhead import make_workload
+from core_overhead import make_large_workload, make_workload
 from hooks_overhead import default_hooks
 from rotating import summary, time_rotating
 
@@ -83,14 +83,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--workload", choices=("small", "large"), default="small",
+                        help="small: the overhead-bound MLP 32-64-10; large: the compute-bound 784-512-512-10")
     args = parser.parse_args()
     log = logging.getLogger("jaxmon")
     log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
     log.setLevel(logging.INFO)
     log.propagate = False
     with tempfile.TemporaryDirectory() as logdir:
-        times = time_rotating(variants(*make_workload(), logdir), args.steps, args.rounds, warmup=256)
-    print(json.dumps(summary(times, "bare_scan32", steps=args.steps, rounds=args.rounds), indent=2))
+        workload = make_workload() if args.workload == "small" else make_large_workload()
+        times = time_rotating(variants(*workload, logdir), args.steps, args.rounds, warmup=min(256, args.steps))
+    result = summary(times, "bare_scan32", steps=args.steps, rounds=args.rounds, workload=args.workload)
+    medians = result["median_us_per_step"]
+    result["ratio_to_bare_jit"] = {k: round(v / medians["bare_jit"], 3) for k, v in medians.items()}
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
