@@ -42,7 +42,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       preemption_sync: turn on JAX's preemption service, so that SIGTERM on any process
         makes every process save and stop at one agreed step.
       log_prefix: prefix the `jaxmon` logger's lines with `[process i/n]`.
-      **kwargs: passed on to `jax.distributed.initialize` (e.g. `local_device_ids`).
+      **kwargs: passed on to `jax.distributed.initialize` (e.g. `local_device_ids`, or
+        `heartbeat_timeout_seconds`: when a process dies, the others raise
+        `jm.PeerError` at their next run at once, but JAX aborts them only after this
+        timeout, 100 s by default).
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
