@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test train lint clean
+.PHONY: install test train lint bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,16 @@ test: $(STAMP)
 
 train: $(STAMP)
 	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default
+
+# Every benchmark with the settings of benchmarks/RESULTS.md (tens of minutes; JSON on stdout).
+bench: $(STAMP)
+	$(PY) benchmarks/core_overhead.py --steps 2000 --repeats 9
+	$(PY) benchmarks/hooks_overhead.py --steps 2000 --rounds 21
+	$(PY) benchmarks/steps_per_dispatch.py --rounds 11
+	$(PY) benchmarks/steps_per_dispatch.py --workload large --steps 320 --rounds 11
+	$(PY) benchmarks/nan_check_designs.py --rounds 21
+	$(PY) benchmarks/checkpoint_save.py --rounds 21
+	$(PY) benchmarks/agreement_cost.py --steps 300 --rounds 7
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxmon tests examples benchmarks configs
