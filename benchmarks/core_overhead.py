@@ -37,13 +37,9 @@ def make_scalar_workload():
     return init_fn, step_fn, {"x": jnp.ones((), jnp.float32)}
 
 
-def make_large_workload(seed: int = 0):
-    """The compute-bound MLP: 784-512-512-10, batch 128, Adam, data on the device."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
-    sizes = [(784, 512), (512, 512), (512, 10)]
-    params = {f"w{i}": jax.random.normal(keys[i], shape) * 0.05 for i, shape in enumerate(sizes)}
-    params |= {f"b{i}": jnp.zeros(shape[1]) for i, shape in enumerate(sizes)}
-    batch = {"x": jax.random.normal(keys[3], (128, 784)), "y": jax.random.randint(keys[4], (128,), 0, 10)}
+def _adam_workload(params, batch, forward):
+    """`init_fn`, `step_fn` (Adam on softmax cross-entropy of `forward(params, x)`) and
+    the batch of a benchmark workload."""
     tx = optax.adam(1e-3)
 
     def init_fn():
@@ -52,17 +48,30 @@ def make_large_workload(seed: int = 0):
 
     def step_fn(state, batch):
         def loss_fn(p):
-            h = batch["x"]
-            for i in range(len(sizes)):
-                h = h @ p[f"w{i}"] + p[f"b{i}"]
-                h = jax.nn.relu(h) if i < len(sizes) - 1 else h
-            return optax.softmax_cross_entropy_with_integer_labels(h, batch["y"]).mean()
+            return optax.softmax_cross_entropy_with_integer_labels(forward(p, batch["x"]), batch["y"]).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(state["params"])
         updates, opt = tx.update(grads, state["opt"], state["params"])
         return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, {"loss": loss}
 
     return init_fn, step_fn, batch
+
+
+def make_large_workload(seed: int = 0):
+    """The compute-bound MLP: 784-512-512-10, batch 128, Adam, data on the device."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    sizes = [(784, 512), (512, 512), (512, 10)]
+    params = {f"w{i}": jax.random.normal(keys[i], shape) * 0.05 for i, shape in enumerate(sizes)}
+    params |= {f"b{i}": jnp.zeros(shape[1]) for i, shape in enumerate(sizes)}
+    batch = {"x": jax.random.normal(keys[3], (128, 784)), "y": jax.random.randint(keys[4], (128,), 0, 10)}
+
+    def forward(p, h):
+        for i in range(len(sizes)):
+            h = h @ p[f"w{i}"] + p[f"b{i}"]
+            h = jax.nn.relu(h) if i < len(sizes) - 1 else h
+        return h
+
+    return _adam_workload(params, batch, forward)
 
 
 def make_workload(seed: int = 0):
@@ -72,23 +81,11 @@ def make_workload(seed: int = 0):
         "w2": jax.random.normal(k2, (64, 10)) * 0.1, "b2": jnp.zeros(10),
     }
     batch = {"x": jax.random.normal(k3, (128, 32)), "y": jax.random.randint(k4, (128,), 0, 10)}
-    tx = optax.adam(1e-3)
 
-    def init_fn():
-        fresh = jax.tree.map(jnp.array, params)
-        return {"params": fresh, "opt": tx.init(fresh)}
+    def forward(p, x):
+        return jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
-    def step_fn(state, batch):
-        def loss_fn(p):
-            h = jnp.tanh(batch["x"] @ p["w1"] + p["b1"])
-            logits = h @ p["w2"] + p["b2"]
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-        updates, opt = tx.update(grads, state["opt"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, {"loss": loss}
-
-    return init_fn, step_fn, batch
+    return _adam_workload(params, batch, forward)
 
 
 class EveryHundred(jm.Hook):
