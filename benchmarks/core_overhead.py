@@ -22,6 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
+import workload
 
 import jaxmon as jm
 
@@ -40,7 +41,7 @@ def make_scalar_workload():
 def _adam_workload(params, batch, forward):
     """`init_fn`, `step_fn` (Adam on softmax cross-entropy of `forward(params, x)`) and
     the batch of a benchmark workload."""
-    tx = optax.adam(1e-3)
+    tx = optax.adam(workload.LEARNING_RATE)
 
     def init_fn():
         fresh = jax.tree.map(jnp.array, params)
@@ -57,35 +58,30 @@ def _adam_workload(params, batch, forward):
     return init_fn, step_fn, batch
 
 
-def make_large_workload(seed: int = 0):
-    """The compute-bound MLP: 784-512-512-10, batch 128, Adam, data on the device."""
-    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
-    sizes = [(784, 512), (512, 512), (512, 10)]
-    params = {f"w{i}": jax.random.normal(keys[i], shape) * 0.05 for i, shape in enumerate(sizes)}
-    params |= {f"b{i}": jnp.zeros(shape[1]) for i, shape in enumerate(sizes)}
-    batch = {"x": jax.random.normal(keys[3], (128, 784)), "y": jax.random.randint(keys[4], (128,), 0, 10)}
+def make_mlp_workload(name: str, seed: int = 0):
+    """An MLP of `workload.SPECS` (data on the device) as `init_fn`, `step_fn`, batch."""
+    layers, x, y = workload.arrays(name, seed)
+    activation = {"tanh": jnp.tanh, "relu": jax.nn.relu}[workload.SPECS[name]["activation"]]
+    params = {f"{kind}{i}": jnp.asarray(a) for i, layer in enumerate(layers)
+              for kind, a in zip("wb", layer, strict=True)}
 
     def forward(p, h):
-        for i in range(len(sizes)):
+        for i in range(len(layers)):
             h = h @ p[f"w{i}"] + p[f"b{i}"]
-            h = jax.nn.relu(h) if i < len(sizes) - 1 else h
+            h = activation(h) if i < len(layers) - 1 else h
         return h
 
-    return _adam_workload(params, batch, forward)
+    return _adam_workload(params, {"x": jnp.asarray(x), "y": jnp.asarray(y)}, forward)
+
+
+def make_large_workload(seed: int = 0):
+    """The compute-bound MLP: 784-512-512-10, batch 128, Adam, data on the device."""
+    return make_mlp_workload("large", seed)
 
 
 def make_workload(seed: int = 0):
-    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
-    params = {
-        "w1": jax.random.normal(k1, (32, 64)) * 0.1, "b1": jnp.zeros(64),
-        "w2": jax.random.normal(k2, (64, 10)) * 0.1, "b2": jnp.zeros(10),
-    }
-    batch = {"x": jax.random.normal(k3, (128, 32)), "y": jax.random.randint(k4, (128,), 0, 10)}
-
-    def forward(p, x):
-        return jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
-
-    return _adam_workload(params, batch, forward)
+    """The overhead-bound MLP: 32-64-10, batch 128, Adam, data on the device."""
+    return make_mlp_workload("small", seed)
 
 
 class EveryHundred(jm.Hook):
@@ -142,12 +138,12 @@ def main() -> None:
         "steps": args.steps, "repeats": args.repeats,
         "machine": f"{platform.machine()}, {jax.devices()[0].platform}, jax {jax.__version__}",
     }
-    for workload_name, workload in WORKLOADS.items():
+    for workload_name, make in WORKLOADS.items():
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         names = list(VARIANTS)
         for repeat in range(args.repeats):
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:  # rotate the order
-                times[name].append(VARIANTS[name](*workload(), args.steps) / args.steps * 1e6)
+                times[name].append(VARIANTS[name](*make(), args.steps) / args.steps * 1e6)
         medians = {name: statistics.median(t) for name, t in times.items()}
         report[workload_name] = {
             "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},

@@ -12,25 +12,38 @@ from typing import Any
 import jax
 
 
-def time_rotating(makers: dict[str, Callable[[], Callable[[int], Any]]], steps: int, rounds: int,
-                  warmup: int) -> dict[str, list[float]]:
-    """Microseconds per step of each variant, one figure per round.
+def local(maker: Callable[[], Callable[[int], Any]], warmup: int) -> Callable[[int], float]:
+    """A measurement of a variant run in this process: `maker()` returns `run(steps) ->
+    pytree` (optionally with a `close()`); `warmup` steps run outside the timing
+    (compiles, first triggers), then `steps` are timed. Returns microseconds per step."""
+    def measure(steps: int) -> float:
+        run = maker()
+        jax.block_until_ready(run(warmup))
+        start = time.perf_counter()
+        jax.block_until_ready(run(steps))
+        elapsed = time.perf_counter() - start
+        getattr(run, "close", lambda: None)()
+        return elapsed / steps * 1e6
 
-    Each round makes every variant afresh (`maker()` returns `run(steps) -> pytree`,
-    optionally with a `close()`), runs `warmup` steps outside the timing (compiles,
-    first triggers), then times `steps` steps; the order rotates (A B C, B C A, ...) so
-    that the machine's noise hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in makers}
-    names = list(makers)
+    return measure
+
+
+def rotate(measures: dict[str, Callable[[int], float]], steps: int, rounds: int) -> dict[str, list[float]]:
+    """Microseconds per step of each variant, one figure per round. `measures[name](steps)`
+    builds the variant afresh, times `steps` steps and returns microseconds per step; the
+    order rotates (A B C, B C A, ...) so that the machine's noise hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in measures}
+    names = list(measures)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            run = makers[name]()
-            jax.block_until_ready(run(warmup))
-            start = time.perf_counter()
-            jax.block_until_ready(run(steps))
-            times[name].append((time.perf_counter() - start) / steps * 1e6)
-            getattr(run, "close", lambda: None)()
+            times[name].append(measures[name](steps))
     return times
+
+
+def time_rotating(makers: dict[str, Callable[[], Callable[[int], Any]]], steps: int, rounds: int,
+                  warmup: int) -> dict[str, list[float]]:
+    """`rotate` over variants run in this process (see `local`)."""
+    return rotate({name: local(maker, warmup) for name, maker in makers.items()}, steps, rounds)
 
 
 def summary(times: dict[str, list[float]], reference: str, **fields: Any) -> dict[str, Any]:
