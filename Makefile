@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test train lint bench clean
+.PHONY: install test train lint bench bench-peers clean
 
 install: $(STAMP)
 
@@ -30,9 +30,30 @@ bench: $(STAMP)
 	$(PY) benchmarks/nan_check_designs.py --rounds 21
 	$(PY) benchmarks/checkpoint_save.py --rounds 21
 	$(PY) benchmarks/agreement_cost.py --steps 300 --rounds 7
+	$(PY) benchmarks/orbax_save_floor.py --saves 15
+	$(PY) benchmarks/memory.py --rounds 5
+	$(PY) benchmarks/suite.py --rounds 7
+	$(PY) benchmarks/suite.py --workload large --rounds 5
+
+# The peers of benchmarks/suite.py, each in its own environment under .venv-peers/:
+# Keras 3 on JAX (with tensorflow-cpu, which its TensorBoard callback writes through)
+# and TF 1.x (tensorflow-cpu). One that cannot be installed is skipped with a message.
+PEERS := .venv-peers
+JAX_VERSION = $(shell $(PY) -c 'import jax; print(jax.__version__)')
+
+bench-peers: $(STAMP)
+	@test -f $(PEERS)/keras/.installed || { $(PYTHON) -m venv $(PEERS)/keras \
+	  && $(PEERS)/keras/bin/pip install --quiet keras jax==$(JAX_VERSION) tensorflow-cpu \
+	  && touch $(PEERS)/keras/.installed; } \
+	  || echo "bench-peers: could not install keras, jax and tensorflow-cpu into $(PEERS)/keras; skipping Keras"
+	@test -f $(PEERS)/tf/.installed || { $(PYTHON) -m venv $(PEERS)/tf \
+	  && $(PEERS)/tf/bin/pip install --quiet tensorflow-cpu && touch $(PEERS)/tf/.installed; } \
+	  || echo "bench-peers: could not install tensorflow-cpu into $(PEERS)/tf; skipping TF 1.x"
+	$(PY) benchmarks/suite.py --rounds 7
+	$(PY) benchmarks/suite.py --workload large --rounds 5
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxmon tests examples benchmarks configs
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(PEERS) runs .pytest_cache

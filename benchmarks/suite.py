@@ -1,0 +1,224 @@
+"""The comparison of the performance issue: jaxmon against the bare limits, a naive
+hand-written loop, and the peers jaxmon replaces, on one workload, interleaved.
+
+Variants (each built afresh every round, warmed up for --warmup steps, past the first
+checkpoint, then timed for --steps steps;
+the order rotates every round; medians of --rounds rounds):
+- bare_jit: jit + donation, data on the device, no hooks (the limit, and the
+  reference of the ratios);
+- bare_scan32: a jitted `lax.scan` over 32 pre-stacked batches per dispatch;
+- session_no_hooks: `jm.MonitoredSession` taking its batches from an iterator;
+- mts_default: `jm.MonitoredTrainingSession` with its default hooks (step counter and
+  summaries every 100 steps) + checkpoints every 1000 steps + `LoggingHook` (the loss
+  every 100) + `NanHook` + `StopAtStepHook`;
+- mts_default_k32: the same with `steps_per_dispatch=32`;
+- mts_default_no_saves, mts_default_k32_no_saves: the same two without checkpoints
+  (where the cost of the Orbax saves shows);
+- naive: a hand-written loop with `float(loss)` every step, a tensorboardX scalar
+  every 100 steps and a synchronous Orbax save every 1000;
+- keras_fit, keras_fit_spe32: Keras 3 on JAX, `fit()` with TensorBoard and
+  ModelCheckpoint (`peers/keras_fit.py`), steps_per_execution 1 and 32;
+- tf1_mts: TF 1.x `MonitoredTrainingSession` with its default hooks,
+  `LoggingTensorHook` and `NanTensorHook` (`peers/tf1_session.py`).
+The peers run in their own environments (`make bench-peers` creates them under
+.venv-peers/); one that is missing is skipped with a message. Prints JSON: medians,
+ratios to bare_jit and to bare_scan32, versions.
+
+Run: .venv/bin/python benchmarks/suite.py [--workload small|large] [--steps 3200|1000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+
+import jax
+import orbax.checkpoint as ocp
+import tensorboardX
+from core_overhead import make_large_workload, make_workload
+from rotating import local, rotate, summary
+from steps_per_dispatch import variants as bare_variants
+
+import jaxmon as jm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = {  # variant: (environment under --peers-dir, worker script)
+    "keras_fit": ("keras", "keras_fit.py"),
+    "keras_fit_spe32": ("keras", "keras_fit.py"),
+    "tf1_mts": ("tf", "tf1_session.py"),
+}
+
+
+def session_variant(init_fn, step_fn, batch, logdir: str, training: bool, k: int = 1, saves: bool = True):
+    def make():
+        kwargs = {"data": itertools.repeat(batch), "steps_per_dispatch": k}
+        if training:
+            sess = jm.MonitoredTrainingSession(
+                step_fn, init_fn, checkpoint_dir=tempfile.mkdtemp(dir=logdir),
+                save_checkpoint_steps=1000 if saves else None, save_checkpoint_secs=None,
+                hooks=[jm.StopAtStepHook(last_step=10**9), jm.LoggingHook(["loss"], every_n_iter=100),
+                       jm.NanHook("loss")], **kwargs)
+        else:
+            sess = jm.MonitoredSession(step_fn, init_fn, **kwargs)
+
+        def run(steps):
+            end = sess.step + steps
+            while sess.step < end:
+                sess.run()
+            sess.sync()
+            return sess.state
+
+        run.close = sess.close
+        return run
+
+    return make
+
+
+def naive_variant(init_fn, step_fn, batch, logdir: str):
+    def make():
+        step = jax.jit(step_fn, donate_argnums=0)
+        directory = tempfile.mkdtemp(dir=logdir)
+        writer = tensorboardX.SummaryWriter(directory)
+        manager = ocp.CheckpointManager(os.path.join(directory, "checkpoints"),
+                                        options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False))
+        carry = [init_fn(), 0]
+
+        def run(steps):
+            state, i = carry
+            for _ in range(steps):
+                state, outputs = step(state, batch)
+                i += 1
+                loss = float(outputs["loss"])
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss {loss} at step {i}")
+                if i % 100 == 0:
+                    writer.add_scalar("loss", loss, i)
+                if i % 1000 == 0:
+                    manager.save(i, args=ocp.args.StandardSave(state))
+            carry[:] = [state, i]
+            return state
+
+        def close():
+            writer.close()
+            manager.close()
+
+        run.close = close
+        return run
+
+    return make
+
+
+class Peer:
+    """A worker process in a peer's environment (see `peers/serve.py`)."""
+
+    def __init__(self, python: str, script: str, workload: str, log):
+        self.process = subprocess.Popen([python, os.path.join(HERE, "peers", script), workload], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log, text=True)
+        self.versions = self._read()["versions"]
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited with status {self.process.wait()}")
+        return json.loads(line)
+
+    def measure(self, variant: str, warmup: int) -> Callable[[int], float]:
+        def run(steps: int) -> float:
+            self.process.stdin.write(json.dumps({"variant": variant, "steps": steps, "warmup": warmup}) + "\n")
+            self.process.stdin.flush()
+            answer = self._read()
+            if "error" in answer:
+                raise RuntimeError(answer["error"])
+            return answer["us_per_step"]
+
+        return run
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def start_peers(peers_dir: str, workload: str, warmup: int, logdir: str):
+    """The peers' measures, their versions, and a message for each peer skipped."""
+    measures, versions, skipped, workers = {}, {}, {}, {}
+    for variant, (env, script) in PEERS.items():
+        python = os.path.join(peers_dir, env, "bin", "python")
+        if env not in workers:
+            if not os.path.exists(python):
+                workers[env] = f"no environment at {os.path.dirname(os.path.dirname(python))} (make bench-peers)"
+            else:
+                log_path = os.path.join(logdir, f"{env}.log")
+                try:
+                    with open(log_path, "w") as log:
+                        workers[env] = Peer(python, script, workload, log)
+                    versions[env] = workers[env].versions
+                except Exception as error:
+                    tail = open(log_path).read()[-2000:]
+                    workers[env] = f"its worker failed to start ({error}): {tail}"
+        if isinstance(workers[env], str):
+            skipped[variant] = workers[env]
+            print(f"skipped {variant}: {workers[env]}", file=sys.stderr)
+        else:
+            measures[variant] = workers[env].measure(variant, warmup)
+    return measures, versions, skipped, [w for w in workers.values() if isinstance(w, Peer)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=("small", "large"), default="small")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per round (3200 small, 1000 large)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (1056)")
+    parser.add_argument("--peers-dir", default=os.path.join(os.path.dirname(HERE), ".venv-peers"))
+    parser.add_argument("--no-peers", action="store_true", help="only this environment's variants")
+    args = parser.parse_args()
+    steps = args.steps or (3200 if args.workload == "small" else 1000)
+    # Past the first checkpoint step, so that every run length the triggers cut is
+    # compiled before the timing: the timed window then holds the saves at 2000 (and 3000).
+    warmup = args.warmup if args.warmup is not None else 1056
+    log = logging.getLogger("jaxmon")  # format every line, as a real run would, into the void
+    log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    with tempfile.TemporaryDirectory() as logdir:
+        init_fn, step_fn, batch = (make_workload if args.workload == "small" else make_large_workload)()
+        bare = bare_variants(init_fn, step_fn, batch, logdir)
+        measures = {name: local(maker, warmup) for name, maker in {
+            "bare_jit": bare["bare_jit"],
+            "bare_scan32": bare["bare_scan32"],
+            "session_no_hooks": session_variant(init_fn, step_fn, batch, logdir, training=False),
+            "mts_default": session_variant(init_fn, step_fn, batch, logdir, training=True),
+            "mts_default_k32": session_variant(init_fn, step_fn, batch, logdir, training=True, k=32),
+            "mts_default_no_saves": session_variant(init_fn, step_fn, batch, logdir, training=True, saves=False),
+            "mts_default_k32_no_saves": session_variant(init_fn, step_fn, batch, logdir, training=True, k=32,
+                                                        saves=False),
+            "naive": naive_variant(init_fn, step_fn, batch, logdir),
+        }.items()}
+        versions = {"jaxmon": jm.__version__, "jax": jax.__version__, "orbax-checkpoint": ocp.__version__}
+        skipped, workers = {}, []
+        if not args.no_peers:
+            peer_measures, peer_versions, skipped, workers = start_peers(args.peers_dir, args.workload, warmup, logdir)
+            measures |= peer_measures
+            versions |= peer_versions
+        try:
+            times = rotate(measures, steps, args.rounds)
+        finally:
+            for worker in workers:
+                worker.close()
+    result = summary(times, "bare_jit", workload=args.workload, steps=steps, rounds=args.rounds, versions=versions,
+                     skipped=skipped)
+    medians = result["median_us_per_step"]
+    result["ratio_to_bare_scan32"] = {k: round(v / medians["bare_scan32"], 3) for k, v in medians.items()}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The benchmark scripts run, produce the figures RESULTS.md quotes, and skip a peer
+whose environment is missing or broken with a message. No timing is asserted."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+LOCAL = ["bare_jit", "bare_scan32", "session_no_hooks", "mts_default", "mts_default_k32", "mts_default_no_saves",
+         "mts_default_k32_no_saves", "naive"]
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                            env=env, input=stdin)
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def test_suite_times_every_variant_and_skips_peers_it_cannot_start(tmp_path):
+    # A peer environment whose Python lacks the peer's libraries: the worker fails to start.
+    for env in ("keras", "tf"):
+        (tmp_path / env / "bin").mkdir(parents=True)
+        (tmp_path / env / "bin" / "python").symlink_to(sys.executable)
+    result = run("suite.py", "--steps", "64", "--warmup", "40", "--rounds", "1", "--peers-dir", str(tmp_path))
+    report = json.loads(result.stdout)
+    assert sorted(report["median_us_per_step"]) == sorted(LOCAL)
+    assert all(value > 0 for value in report["median_us_per_step"].values())
+    assert report["ratio_to_bare_jit"]["bare_jit"] == 1.0
+    assert report["ratio_to_bare_scan32"]["bare_scan32"] == 1.0
+    assert sorted(report["skipped"]) == ["keras_fit", "keras_fit_spe32", "tf1_mts"]
+    for variant in ("keras_fit", "tf1_mts"):  # the worker's own traceback says why
+        assert "ModuleNotFoundError: No module named" in report["skipped"][variant]
+    assert "skipped tf1_mts: its worker failed to start" in result.stderr
+    assert report["versions"]["jaxmon"] and report["versions"]["orbax-checkpoint"]
+
+
+def test_suite_says_where_to_get_a_missing_peer_environment(tmp_path):
+    result = run("suite.py", "--steps", "8", "--warmup", "8", "--rounds", "1", "--peers-dir", str(tmp_path / "none"))
+    report = json.loads(result.stdout)
+    message = f"no environment at {tmp_path / 'none' / 'keras'} (make bench-peers)"
+    assert report["skipped"]["keras_fit"] == message
+    assert f"skipped keras_fit_spe32: {message}" in result.stderr
+
+
+def test_peer_worker_protocol_answers_each_request_and_reports_errors():
+    program = ("import sys; sys.path.insert(0, 'peers'); from serve import serve\n"
+               "def measure(variant, steps, warmup):\n"
+               "    if variant == 'bad': raise ValueError('no such variant')\n"
+               "    print('library chatter')\n"
+               "    return steps / 2 + warmup\n"
+               "serve(measure, {'lib': '1.0'})\n")
+    requests = [{"variant": "ok", "steps": 10, "warmup": 1}, {"variant": "bad", "steps": 1, "warmup": 0},
+                {"variant": "ok", "steps": 4, "warmup": 0}]
+    result = run("-c", program, stdin="".join(json.dumps(r) + "\n" for r in requests))
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines == [{"versions": {"lib": "1.0"}}, {"us_per_step": 6.0},
+                     {"error": "ValueError: no such variant"}, {"us_per_step": 2.0}]
+    assert "library chatter" in result.stderr
+
+
+def test_memory_child_reports_the_state_and_the_live_arrays():
+    result = run("memory.py", "--child", "session_no_hooks", "--steps", "2")
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 240 < figures["state_mb"] < 241  # 1024-4096-4096-10 parameters and two Adam moments, float32
+    assert figures["live_mb"] >= figures["state_mb"]
+    assert figures["peak_mb"] >= figures["baseline_mb"] + figures["state_mb"]
+    assert figures["loop_mb"] == figures["peak_mb"] - figures["baseline_mb"]
