@@ -28,6 +28,20 @@ def local(maker: Callable[[], Callable[[int], Any]], warmup: int) -> Callable[[i
     return measure
 
 
+def session_runner(sess) -> Callable[[int], Any]:
+    """`run(steps)` for `local`: `steps` more steps of a jaxmon session (whatever its runs'
+    lengths), its late hooks delivered; `close()` closes the session."""
+    def run(steps: int) -> Any:
+        end = sess.step + steps
+        while sess.step < end:
+            sess.run()
+        sess.sync()
+        return sess.state
+
+    run.close = sess.close
+    return run
+
+
 def rotate(measures: dict[str, Callable[[int], float]], steps: int, rounds: int) -> dict[str, list[float]]:
     """Microseconds per step of each variant, one figure per round. `measures[name](steps)`
     builds the variant afresh, times `steps` steps and returns microseconds per step; the

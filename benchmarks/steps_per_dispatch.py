@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from core_overhead import make_large_workload, make_workload
 from hooks_overhead import default_hooks
-from rotating import summary, time_rotating
+from rotating import session_runner, summary, time_rotating
 
 import jaxmon as jm
 
@@ -58,15 +58,7 @@ def variants(init_fn, step_fn, batch, logdir):
             sess = jm.MonitoredSession(step_fn, init_fn, data=data(), hooks=default_hooks(tempfile.mkdtemp(dir=logdir)),
                                        steps_per_dispatch=k)
 
-            def run(steps):
-                end = sess.step + steps
-                while sess.step < end:
-                    sess.run()
-                sess.sync()
-                return sess.state
-
-            run.close = sess.close
-            return run
+            return session_runner(sess)
 
         return make
 

@@ -44,7 +44,7 @@ import jax
 import orbax.checkpoint as ocp
 import tensorboardX
 from core_overhead import make_large_workload, make_workload
-from rotating import local, rotate, summary
+from rotating import local, rotate, session_runner, summary
 from steps_per_dispatch import variants as bare_variants
 
 import jaxmon as jm
@@ -69,15 +69,7 @@ def session_variant(init_fn, step_fn, batch, logdir: str, training: bool, k: int
         else:
             sess = jm.MonitoredSession(step_fn, init_fn, **kwargs)
 
-        def run(steps):
-            end = sess.step + steps
-            while sess.step < end:
-                sess.run()
-            sess.sync()
-            return sess.state
-
-        run.close = sess.close
-        return run
+        return session_runner(sess)
 
     return make
 
