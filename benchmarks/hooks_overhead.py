@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import platform
@@ -32,6 +31,7 @@ import time
 import jax
 import numpy as np
 from core_overhead import make_workload
+from rotating import format_logs_into_void
 
 import jaxmon as jm
 
@@ -127,10 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="steps per timed chunk")
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
-    log = logging.getLogger("jaxmon")  # format every line, as a real run would, into the void
-    log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    format_logs_into_void()
     times = measure(args.steps, args.rounds)
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(json.dumps({

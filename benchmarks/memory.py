@@ -55,6 +55,7 @@ def child(variant: str, steps: int) -> dict:
     import orbax.checkpoint as ocp
     from core_overhead import make_mlp_workload
     from hooks_overhead import default_hooks
+    from rotating import session_runner
     from suite import naive_variant, session_variant
 
     import jaxmon as jm
@@ -69,7 +70,7 @@ def child(variant: str, steps: int) -> dict:
             def make():
                 def run(n):
                     state = init_fn()
-                    checkpointer = ocp.StandardCheckpointer()  # asynchronous
+                    checkpointer = ocp.StandardCheckpointer()  # asynchronous; made in both, so only the save differs
                     if variant == "bare_jit_saving":  # what a save of the state costs while training goes on
                         checkpointer.save(os.path.join(logdir, "0"), state)
                     for _ in range(n):
@@ -79,15 +80,8 @@ def child(variant: str, steps: int) -> dict:
                 return run
         elif variant == "session_default":
             def make():
-                sess = jm.MonitoredSession(step_fn, init_fn, data=itertools.repeat(batch), hooks=default_hooks(logdir))
-
-                def run(n):
-                    for _ in range(n):
-                        sess.run()
-                    sess.sync()
-                    return sess.state
-                run.close = sess.close
-                return run
+                return session_runner(jm.MonitoredSession(step_fn, init_fn, data=itertools.repeat(batch),
+                                                          hooks=default_hooks(logdir)))
         elif variant == "naive":
             make = naive_variant(init_fn, step_fn, batch, logdir)
         else:

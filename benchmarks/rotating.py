@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import statistics
@@ -60,12 +61,22 @@ def time_rotating(makers: dict[str, Callable[[], Callable[[int], Any]]], steps: 
     return rotate({name: local(maker, warmup) for name, maker in makers.items()}, steps, rounds)
 
 
-def summary(times: dict[str, list[float]], reference: str, **fields: Any) -> dict[str, Any]:
-    """Medians and ratios to `reference`, with the machine, as the scripts print them."""
+def summary(times: dict[str, list[float]], *references: str, **fields: Any) -> dict[str, Any]:
+    """Medians and ratios to each of `references`, with the machine, as the scripts
+    print them."""
     medians = {name: statistics.median(t) for name, t in times.items()}
     return {
         **fields,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {jax.devices()[0].platform}, jax {jax.__version__}",
         "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
-        f"ratio_to_{reference}": {k: round(v / medians[reference], 3) for k, v in medians.items()},
+        **{f"ratio_to_{reference}": {k: round(v / medians[reference], 3) for k, v in medians.items()}
+           for reference in references},
     }
+
+
+def format_logs_into_void() -> None:
+    """Has jaxmon format every INFO line, as a real run would, into /dev/null."""
+    log = logging.getLogger("jaxmon")
+    log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
+    log.setLevel(logging.INFO)
+    log.propagate = False

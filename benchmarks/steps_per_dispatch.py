@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import tempfile
 
 import jax
 import jax.numpy as jnp
 from core_overhead import make_large_workload, make_workload
 from hooks_overhead import default_hooks
-from rotating import session_runner, summary, time_rotating
+from rotating import format_logs_into_void, session_runner, summary, time_rotating
 
 import jaxmon as jm
 
@@ -78,16 +76,11 @@ def main() -> None:
     parser.add_argument("--workload", choices=("small", "large"), default="small",
                         help="small: the overhead-bound MLP 32-64-10; large: the compute-bound 784-512-512-10")
     args = parser.parse_args()
-    log = logging.getLogger("jaxmon")
-    log.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    format_logs_into_void()
     with tempfile.TemporaryDirectory() as logdir:
         workload = make_workload() if args.workload == "small" else make_large_workload()
         times = time_rotating(variants(*workload, logdir), args.steps, args.rounds, warmup=min(256, args.steps))
-    result = summary(times, "bare_scan32", steps=args.steps, rounds=args.rounds, workload=args.workload)
-    medians = result["median_us_per_step"]
-    result["ratio_to_bare_jit"] = {k: round(v / medians["bare_jit"], 3) for k, v in medians.items()}
+    result = summary(times, "bare_scan32", "bare_jit", steps=args.steps, rounds=args.rounds, workload=args.workload)
     print(json.dumps(result, indent=2))
 
 
