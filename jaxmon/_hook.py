@@ -7,6 +7,8 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from jaxmon._triggers import SecondOrStepTimer
+
 if TYPE_CHECKING:
     from jaxmon._session import MonitoredSession
 
@@ -134,30 +136,35 @@ class Hook:
     def steps_to_next_trigger(self, step: int) -> int | None:
         """How many steps from `step` this hook next needs a run to end on, or None if
         any will do. With `steps_per_dispatch`, the session ends its runs there, so that
-        the hook fires on its exact step. The default reads the hook's `_timer` (a
-        step-based `SecondOrStepTimer`); seconds-based hooks fire at run ends."""
-        timer = getattr(self, "_timer", None)
-        every = getattr(timer, "every_steps", None)
-        if not every:
-            return None
-        last = timer.last_triggered_step()
-        return 1 if last is None else max(1, last + every - step)
+        the hook fires on its exact step. The default reads the hook's `timer` (when
+        it counts steps); seconds-based hooks fire at run ends."""
+        return None if self.timer is None else self.timer.steps_to_next_trigger(step)
 
     def get_state(self) -> dict[str, Any] | None:
         """The hook's own state to save with each checkpoint, JSON-serialisable, or None.
 
-        The default saves the last trigger of the hook's `_timer` (the shared
-        `SecondOrStepTimer` of periodic hooks) if it has one; hooks with counters
-        extend it."""
-        timer = getattr(self, "_timer", None)
-        return None if timer is None else {"timer": timer.get_state()}
+        The default saves the last trigger of the hook's `timer` if it has one; hooks
+        with counters extend it."""
+        return None if self.timer is None else {"timer": self.timer.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Takes back what `get_state` returned, when a session resumes from a
         checkpoint: after `begin`, before `after_create_session`."""
-        timer = getattr(self, "_timer", None)
-        if timer is not None and "timer" in state:
-            timer.set_state(state["timer"])
+        if self.timer is not None and "timer" in state:
+            self.timer.set_state(state["timer"])
+
+    #: The hook's periodic timer (a `SecondOrStepTimer`), if it acts every N steps or
+    #: seconds. The session reads it through the methods above, and with several JAX
+    #: processes makes it read the agreed clock (`SecondOrStepTimer.use_clock`).
+    timer: SecondOrStepTimer | None = None
+
+    #: The directory this hook writes checkpoints to, if it does: a session given no
+    #: `checkpoint_dir` restores from the first hook's.
+    checkpoint_dir: str | None = None
+
+    def wait_until_finished(self) -> None:
+        """Blocks until work this hook has in flight (a checkpoint write) is done. The
+        session calls it before a recovery restores the latest checkpoint."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -18,8 +18,6 @@ from jax.experimental import multihost_utils
 from jaxmon import _agree, _checkpoint, _errors, _fetches, _sharding
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._step import CompiledStep
-from jaxmon._triggers import SecondOrStepTimer
-from jaxmon.hooks._checkpoint import CheckpointSaverHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -172,9 +170,8 @@ class MonitoredSession:
         if self._placement is not None:
             self._init_fn = lambda make=self._make_state, place=self._placement.place_state: place(make())
         self._like = None if state is None or self._placement is not None else _checkpoint.abstract_like(state)
-        self._savers = tuple(hook for hook in self._hooks if isinstance(hook, CheckpointSaverHook))
-        self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else (
-            self._savers[0].checkpoint_dir if self._savers else None)
+        self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else next(
+            (hook.checkpoint_dir for hook in self._hooks if hook.checkpoint_dir is not None), None)
         self._warm_start = warm_start
         self.warm_start_report: _checkpoint.WarmStartReport | None = None
         self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
@@ -203,9 +200,8 @@ class MonitoredSession:
         self._agreed_stop = self._data_ended = False
         if self._agreement is not None:  # seconds-based triggers read the chief's clock, agreed each run
             for hook in self._hooks:
-                timer = getattr(hook, "_timer", None)
-                if isinstance(timer, SecondOrStepTimer):
-                    timer._clock = self._agreement.clock
+                if hook.timer is not None:
+                    hook.timer.use_clock(self._agreement.clock)
         self._sigterm = _SigtermHandler(self) if handle_sigterm and not self._sync_preemption else None
         try:
             for hook in self._hooks:
@@ -506,8 +502,8 @@ class MonitoredSession:
         if self._checkpoint_dir is None or not _checkpoint.complete_steps(self._checkpoint_dir):
             return None
         if recovering is not None:
-            for saver in self._savers:  # a save in flight is the checkpoint to go back to
-                saver.wait()
+            for hook in self._hooks:  # a save in flight is the checkpoint to go back to
+                hook.wait_until_finished()
         if self._like is None:
             self._like = (_restore_target(self._init_fn) if self._placement is None
                           else self._placement.like(jax.eval_shape(self._make_state)))
@@ -591,6 +587,25 @@ class MonitoredSession:
         except _agree.PeerError as lost:
             self._lost_peer(lost)
             raise
+
+    def snapshot(self) -> Snapshot | None:
+        """What a checkpoint of the current step holds, or None when it must not be
+        saved (logged). Late hooks are delivered first (`sync()`), so that a NaN check
+        has passed on the state; with several JAX processes all of them save or none
+        does (Orbax writes collectively), and an error of a late hook is raised once
+        every process knows. Checkpoint savers call it at their save points."""
+        error = None
+        try:
+            self.sync()
+        except Exception as raised:
+            error = raised
+        if not self.agree_all(error is None and self._rejected is None):
+            if error is not None:
+                raise error
+            logger.warning("Not saving a checkpoint of step %d: %s.", self._step,
+                           self._rejected or "another JAX process cannot save it")
+            return None
+        return Snapshot(self._step, self._state, self.resume_info())
 
     def _lost_peer(self, error: _agree.PeerError) -> None:
         """A peer process is gone: say so now (JAX may abort this process at its
@@ -719,6 +734,14 @@ class MonitoredSession:
         """How many times the step was traced and compiled: once per distinct fetch set
         (and again only when the shapes of the state or batch change)."""
         return self._compiled.trace_count
+
+
+class Snapshot(NamedTuple):
+    """What a checkpoint of one step holds: the step, the state, and `resume_info()`."""
+
+    step: int
+    state: Any
+    meta: dict[str, Any]
 
 
 _NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])

@@ -73,6 +73,26 @@ class SecondOrStepTimer:
         self._last_step, self._last_time = step, now
         return elapsed
 
+    def due(self, step: int) -> bool:
+        """Whether the action is due at `step`, recording the trigger if it is (CLU's
+        `PeriodicAction` check): `if timer.due(step): act()`."""
+        if not self.should_trigger_for_step(step):
+            return False
+        self.update_last_triggered_step(step)
+        return True
+
+    def steps_to_next_trigger(self, step: int) -> int | None:
+        """Steps from `step` to the next step-based trigger (at least 1), or None for a
+        timer that counts seconds."""
+        if not self.every_steps:
+            return None
+        return 1 if self._last_step is None else max(1, self._last_step + self.every_steps - step)
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Reads seconds from `clock` from now on (several JAX processes share the
+        chief's clock this way, so that seconds-based triggers fire at one step)."""
+        self._clock = clock
+
     def last_triggered_step(self) -> int | None:
         """The step of the last recorded trigger, or None."""
         return self._last_step

@@ -251,21 +251,21 @@ class PeriodicHook(Hook):
         if not callable(fn):
             raise TypeError(f"PeriodicHook fn must be a function fn(session); got {fn!r}.")
         self.fn, self.at_end = fn, at_end
-        self._timer = timer_for("PeriodicHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self.timer = timer_for("PeriodicHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
         self.on_error = check_on_error("PeriodicHook", on_error)
 
     def begin(self) -> None:
-        self._timer.reset()
+        self.timer.reset()
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self._timer.should_trigger_for_step(values.step):
-            self._timer.update_last_triggered_step(values.step)
+        if self.timer.should_trigger_for_step(values.step):
+            self.timer.update_last_triggered_step(values.step)
             self.fn(ctx.session)
 
     def end(self, session) -> None:
-        if self.at_end and self._timer.last_triggered_step() != session.step:
-            self._timer.update_last_triggered_step(session.step)
+        if self.at_end and self.timer.last_triggered_step() != session.step:
+            self.timer.update_last_triggered_step(session.step)
             self.fn(session)
 
     def __repr__(self) -> str:
-        return f"PeriodicHook({getattr(self.fn, '__qualname__', self.fn)!r}, {self._timer!r})"
+        return f"PeriodicHook({getattr(self.fn, '__qualname__', self.fn)!r}, {self.timer!r})"

@@ -85,7 +85,7 @@ class CheckpointSaverHook(Hook):
                  async_save: bool = True, clock: Callable[[], float] = time.monotonic):
         if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
             raise ValueError(f"CheckpointSaverHook checkpoint_dir must be a directory path; got {checkpoint_dir!r}.")
-        self._timer = timer_for("CheckpointSaverHook", clock, save_steps=save_steps, save_secs=save_secs)
+        self.timer = timer_for("CheckpointSaverHook", clock, save_steps=save_steps, save_secs=save_secs)
         self.listeners = tuple(listeners)
         for listener in self.listeners:
             if not isinstance(listener, CheckpointSaverListener):
@@ -113,7 +113,7 @@ class CheckpointSaverHook(Hook):
         self.saved_steps: list[int] = []
 
     def begin(self) -> None:
-        self._timer.reset()
+        self.timer.reset()
         self.saved_steps = []
         for listener in self.listeners:
             listener.begin()
@@ -125,24 +125,24 @@ class CheckpointSaverHook(Hook):
         step = session.step
         if step not in self._checkpoints.steps():  # a restored step is already saved
             self._save(session, step)
-        self._timer.update_last_triggered_step(step)
+        self.timer.update_last_triggered_step(step)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         session = ctx.session
         preempted = session.preemption_requested
-        if not (preempted or self._timer.should_trigger_for_step(values.step)):
+        if not (preempted or self.timer.should_trigger_for_step(values.step)):
             return
-        self._timer.update_last_triggered_step(values.step)
+        self.timer.update_last_triggered_step(values.step)
         if self._save(session, values.step):
             ctx.request_stop()
         if preempted:
-            self.wait()
+            self.wait_until_finished()
             logger.warning("Preempted: saved step %d to %s; stopping.", values.step, self.checkpoint_dir)
 
     def end(self, session) -> None:
         step = session.step
-        if step != self._timer.last_triggered_step():
-            self._timer.update_last_triggered_step(step)
+        if step != self.timer.last_triggered_step():
+            self.timer.update_last_triggered_step(step)
             self._save(session, step)
         for listener in self.listeners:
             listener.end(session, step)
@@ -154,29 +154,23 @@ class CheckpointSaverHook(Hook):
             lost = self._session is not None and getattr(self._session, "peer_lost", False)
             checkpoints.close(timeout=1.0 if lost else self._grace)
 
-    def wait(self) -> None:
+    def wait_until_finished(self) -> None:
         """Blocks until the save in flight is written (bounded by the session's
         `stop_grace_period_secs`), raising its error if it failed."""
         if self._checkpoints is not None:
             self._checkpoints.wait(self._grace)
 
+    wait = wait_until_finished
+
     def _save(self, session, step: int) -> bool:
-        """Saves `step`; returns whether a listener asked to stop."""
-        error = None
-        try:
-            session.sync()  # late hooks (NaN checks) see the last run before its state is saved
-        except Exception as raised:
-            error = raised
-        # Every process saves together (Orbax writes collectively) or none does.
-        if not session.agree_all(error is None and session.state_rejected is None):
-            if error is not None:
-                raise error
-            logger.warning("Not saving step %d to %s: %s.", step, self.checkpoint_dir,
-                           session.state_rejected or "another JAX process cannot save it")
+        """Saves `step` (unless the session says its state must not be saved); returns
+        whether a listener asked to stop."""
+        snapshot = session.snapshot()
+        if snapshot is None:
             return False
         for listener in self.listeners:
             listener.before_save(session, step)
-        self._checkpoints.save(step, session.state, session.resume_info(), best=self._best(session, step))
+        self._checkpoints.save(step, snapshot.state, snapshot.meta, best=self._best(session, step))
         self.saved_steps.append(step)
         logger.info("Saving checkpoint %d to %s.", step, self.checkpoint_dir)
         stop = False
@@ -202,4 +196,4 @@ class CheckpointSaverHook(Hook):
         return value
 
     def __repr__(self) -> str:
-        return f"CheckpointSaverHook({self.checkpoint_dir!r}, {self._timer!r})"
+        return f"CheckpointSaverHook({self.checkpoint_dir!r}, {self.timer!r})"

@@ -71,9 +71,9 @@ class EvalHook(Hook):
             if not at_end:
                 raise ValueError("EvalHook needs every_n_steps= or every_n_secs= (or at_end=True to evaluate "
                                  "only at the end).")
-            self._timer = NeverTriggerTimer()
+            self.timer = NeverTriggerTimer()
         else:
-            self._timer = timer_for("EvalHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+            self.timer = timer_for("EvalHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
         self._slot = WriterSlot("EvalHook", output_dir, summary_writer, required=False)
         self.eval_fn, self.data, self.prefix, self.at_end = eval_fn, data, prefix, at_end
         self.on_error = check_on_error("EvalHook", on_error)
@@ -91,8 +91,8 @@ class EvalHook(Hook):
         self._slot.open()
 
     def after_create_session(self, session) -> None:
-        self._timer.reset()
-        self._timer.update_last_triggered_step(session.step)  # the clock starts now
+        self.timer.reset()
+        self.timer.update_last_triggered_step(session.step)  # the clock starts now
 
     def get_state(self) -> dict[str, Any]:
         return {"history": [[step, metrics] for step, metrics in self.history]}
@@ -102,8 +102,8 @@ class EvalHook(Hook):
         self.latest = self.history[-1][1] if self.history else None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self._timer.should_trigger_for_step(values.step):
-            self._timer.update_last_triggered_step(values.step)
+        if self.timer.should_trigger_for_step(values.step):
+            self.timer.update_last_triggered_step(values.step)
             self.evaluate(ctx.session)
 
     def end(self, session) -> None:
@@ -139,7 +139,7 @@ class EvalHook(Hook):
         self._slot.close()
 
     def __repr__(self) -> str:
-        return f"EvalHook({getattr(self.eval_fn, '__qualname__', self.eval_fn)!r}, {self._timer!r})"
+        return f"EvalHook({getattr(self.eval_fn, '__qualname__', self.eval_fn)!r}, {self.timer!r})"
 
 
 def _weight(batch: Any) -> int:
@@ -188,12 +188,12 @@ class EarlyStoppingHook(Hook):
                 raise ValueError("With source=, fetch names one of the EvalHook's metrics and the EvalHook's "
                                  f"period applies; got fetch={fetch!r}, every_n_steps={every_n_steps!r}, "
                                  f"every_n_secs={every_n_secs!r}.")
-            self._timer = None
+            self.timer = None
         else:
             _fetches.normalize({"value": fetch}, "EarlyStoppingHook fetch")
             if every_n_steps is None and every_n_secs is None:
                 every_n_steps = 100
-            self._timer = timer_for("EarlyStoppingHook", clock, every_n_steps=every_n_steps,
+            self.timer = timer_for("EarlyStoppingHook", clock, every_n_steps=every_n_steps,
                                     every_n_secs=every_n_secs)
         self.fetch, self.mode, self.patience, self.min_delta = fetch, mode, patience, min_delta
         self.source, self.baseline = source, baseline
@@ -217,9 +217,9 @@ class EarlyStoppingHook(Hook):
                                                                state["seen"])
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if self._timer is None or not self._timer.should_trigger_for_step(ctx.next_step):
+        if self.timer is None or not self.timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.next_step)
+        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

@@ -85,14 +85,14 @@ class LoggingHook(Hook):
         self._tags = sorted(self._fetches) if isinstance(fetches, Mapping) else list(self._fetches)
         self.at_end, self.formatter = at_end, formatter
         self.on_error = check_on_error("LoggingHook", on_error)
-        self._timer = (NeverTriggerTimer() if only_at_end else
+        self.timer = (NeverTriggerTimer() if only_at_end else
                        SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_iter, clock=clock))
         self._iter_count = 0
         self._elapsed: dict[int, float | None] = {}
 
     def begin(self) -> None:
         show_info_logs()
-        self._timer.reset()
+        self.timer.reset()
         self._iter_count = 0
         self._elapsed.clear()
 
@@ -108,9 +108,9 @@ class LoggingHook(Hook):
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         iteration, self._iter_count = self._iter_count, self._iter_count + 1
-        if not self._timer.should_trigger_for_step(iteration):
+        if not self.timer.should_trigger_for_step(iteration):
             return None
-        self._elapsed[ctx.step] = self._timer.update_last_triggered_step(iteration)[0]
+        self._elapsed[ctx.step] = self.timer.update_last_triggered_step(iteration)[0]
         return RunArgs(fetches=self._fetches, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -130,7 +130,7 @@ class LoggingHook(Hook):
         logger.info("%s (%.3f sec)" if elapsed is not None else "%s", line, *(() if elapsed is None else (elapsed,)))
 
     def __repr__(self) -> str:
-        return f"LoggingHook({self._tags!r}, {self._timer!r})"
+        return f"LoggingHook({self._tags!r}, {self.timer!r})"
 
 
 LoggingTensorHook = LoggingHook
@@ -166,7 +166,7 @@ class StepCounterHook(Hook):
             raise ValueError("exactly one of every_n_steps and every_n_secs should be provided "
                              f"(got every_n_steps={every_n_steps!r}, every_n_secs={every_n_secs!r}; "
                              "every_n_steps defaults to 100, so pass every_n_steps=None with every_n_secs).")
-        self._timer = timer_for("StepCounterHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self.timer = timer_for("StepCounterHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
         if batch_size is not None:
             check_int("StepCounterHook batch_size", batch_size, minimum=1)
         self._slot = WriterSlot("StepCounterHook", output_dir, summary_writer, required=False)
@@ -180,7 +180,7 @@ class StepCounterHook(Hook):
         self._slot.open()
 
     def after_create_session(self, session) -> None:
-        self._timer.reset()  # a restored or recovered step starts a new interval
+        self.timer.reset()  # a restored or recovered step starts a new interval
         self._last_step = None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -190,9 +190,9 @@ class StepCounterHook(Hook):
             logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
                            "Rates skip such runs.", self._last_step, step)
         self._last_step = step
-        if not self._timer.should_trigger_for_step(step):
+        if not self.timer.should_trigger_for_step(step):
             return
-        elapsed_secs, elapsed_steps = self._timer.update_last_triggered_step(step)
+        elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
         if not elapsed_secs or elapsed_steps <= 0:
             return  # the first trigger only starts the clock
         rate = elapsed_steps / elapsed_secs
@@ -208,7 +208,7 @@ class StepCounterHook(Hook):
         self._slot.close()
 
     def __repr__(self) -> str:
-        return f"StepCounterHook({self._timer!r})"
+        return f"StepCounterHook({self.timer!r})"
 
 
 def _batch_size(batch: Any) -> int | None:
@@ -248,7 +248,7 @@ class ProgressBarHook(Hook):
         self._stream, self._enabled, self._width = stream, enabled, width
         self.on_error = check_on_error("ProgressBarHook", on_error)
         self._clock = clock
-        self._timer = SecondOrStepTimer(every_secs=every_n_secs, clock=clock)
+        self.timer = SecondOrStepTimer(every_secs=every_n_secs, clock=clock)
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
         self._drawn = False
@@ -257,7 +257,7 @@ class ProgressBarHook(Hook):
         stream = self._stream or sys.stderr
         self.enabled = self._enabled if self._enabled is not None else (
             getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
-        self._timer.reset()
+        self.timer.reset()
         self._drawn = False
 
     def after_create_session(self, session) -> None:
@@ -268,9 +268,9 @@ class ProgressBarHook(Hook):
             self._total = min((s for s in stops if s is not None), default=None)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.enabled or not self._timer.should_trigger_for_step(ctx.next_step):
+        if not self.enabled or not self.timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.next_step)
+        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches={}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

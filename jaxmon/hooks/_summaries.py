@@ -79,7 +79,7 @@ class SummarySaverHook(Hook):
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
                  summaries: Mapping[str, Any] | None = None, *, hparams: Mapping[str, Any] | None = None,
                  output_scalars: bool = True, on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
-        self._timer = timer_for("SummarySaverHook", clock, save_steps=save_steps, save_secs=save_secs)
+        self.timer = timer_for("SummarySaverHook", clock, save_steps=save_steps, save_secs=save_secs)
         self._slot = WriterSlot("SummarySaverHook", output_dir, summary_writer, required=True)
         if summaries is not None and not isinstance(summaries, Mapping):
             raise TypeError(f"SummarySaverHook summaries must be a dict {{tag: spec}}; got {summaries!r}.")
@@ -95,7 +95,7 @@ class SummarySaverHook(Hook):
         self._hparams_written = False
 
     def begin(self) -> None:
-        self._timer.reset()  # a new session writes at its first step
+        self.timer.reset()  # a new session writes at its first step
         self._slot.open()
 
     def after_create_session(self, session) -> None:
@@ -104,9 +104,9 @@ class SummarySaverHook(Hook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self._timer.should_trigger_for_step(ctx.next_step):
+        if not self.timer.should_trigger_for_step(ctx.next_step):
             return None
-        self._timer.update_last_triggered_step(ctx.next_step)
+        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches or {}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -141,7 +141,7 @@ class SummarySaverHook(Hook):
         self._slot.close()
 
     def __repr__(self) -> str:
-        return f"SummarySaverHook({self._timer!r}, tags={sorted(self.summaries)})"
+        return f"SummarySaverHook({self.timer!r}, tags={sorted(self.summaries)})"
 
 
 def _by_path(tag: str, tree: Any) -> dict[str, Any]:
@@ -183,7 +183,7 @@ class ProfilerHook(Hook):
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
                  output_dir: str | os.PathLike = "", *, on_error: str = "raise",
                  clock: Callable[[], float] = time.monotonic):
-        self._timer = timer_for("ProfilerHook", clock, save_steps=save_steps, save_secs=save_secs)
+        self.timer = timer_for("ProfilerHook", clock, save_steps=save_steps, save_secs=save_secs)
         if not output_dir:
             raise ValueError("ProfilerHook needs output_dir= (a directory for the traces).")
         self.output_dir = os.fspath(output_dir)
@@ -203,8 +203,8 @@ class ProfilerHook(Hook):
         step = ctx.next_step
         if self._first:  # the first run only starts the timer: it would trace the compilation
             self._first = False
-            self._timer.update_last_triggered_step(ctx.step)
-        elif self._timer.should_trigger_for_step(step):
+            self.timer.update_last_triggered_step(ctx.step)
+        elif self.timer.should_trigger_for_step(step):
             os.makedirs(self.output_dir, exist_ok=True)
             jax.profiler.start_trace(self.output_dir)
             self._tracing = step
@@ -214,7 +214,7 @@ class ProfilerHook(Hook):
             return
         jax.block_until_ready(ctx.session.state)
         self._stop(values.step)
-        self._timer.update_last_triggered_step(values.step)
+        self.timer.update_last_triggered_step(values.step)
 
     def _stop(self, step: int) -> None:
         self._tracing = None
@@ -233,4 +233,4 @@ class ProfilerHook(Hook):
             self._stop(self._tracing)
 
     def __repr__(self) -> str:
-        return f"ProfilerHook({self._timer!r}, output_dir={self.output_dir!r})"
+        return f"ProfilerHook({self.timer!r}, output_dir={self.output_dir!r})"
