@@ -1,0 +1,48 @@
+"""PeriodicHook: call a function every N steps or seconds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxmon._errors import check_on_error
+from jaxmon._hook import Hook, RunContext, RunValues
+from jaxmon._triggers import timer_for
+
+
+class PeriodicHook(Hook):
+    """Calls `fn(session)` every N steps or seconds (TF Supervisor's `loop`).
+
+    The first call is after the first run; `at_end=True` calls it once more at `end`
+    unless it just ran for the last step.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.PeriodicHook(lambda session: print(session.step), every_n_steps=1000)
+    """
+
+    def __init__(self, fn: Callable[[Any], None], every_n_steps: int | None = None,
+                 every_n_secs: float | None = None, *, at_end: bool = False, on_error: str = "raise",
+                 clock: Callable[[], float] = time.monotonic):
+        if not callable(fn):
+            raise TypeError(f"PeriodicHook fn must be a function fn(session); got {fn!r}.")
+        self.fn, self.at_end = fn, at_end
+        self.timer = timer_for("PeriodicHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self.on_error = check_on_error("PeriodicHook", on_error)
+
+    def begin(self) -> None:
+        self.timer.reset()
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self.timer.should_trigger_for_step(values.step):
+            self.timer.update_last_triggered_step(values.step)
+            self.fn(ctx.session)
+
+    def end(self, session) -> None:
+        if self.at_end and self.timer.last_triggered_step() != session.step:
+            self.timer.update_last_triggered_step(session.step)
+            self.fn(session)
+
+    def __repr__(self) -> str:
+        return f"PeriodicHook({getattr(self.fn, '__qualname__', self.fn)!r}, {self.timer!r})"
