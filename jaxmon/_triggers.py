@@ -129,15 +129,60 @@ class NeverTriggerTimer(SecondOrStepTimer):
         return "NeverTriggerTimer()"
 
 
-def timer_for(owner: str, clock: Callable[[], float], **every: float | int | None) -> SecondOrStepTimer:
-    """A hook's timer from its two interval arguments (steps first, seconds second),
-    with an error that names the hook and its own argument names."""
+def timer_for(owner: str, clock: Callable[[], float], *, default_steps: int | None = None,
+              at_end: bool | None = None, error: str | None = None, steps_error: str | None = None,
+              **every: float | int | None) -> SecondOrStepTimer:
+    """A hook's timer from its two interval arguments: the one check of "every N steps
+    or every N seconds" that every periodic hook makes.
+
+    Exactly one of the two must be given, unless the hook says what neither means
+    (`default_steps` or `at_end`).
+
+    Args:
+      owner: the hook's class name, which the errors name.
+      clock: the timer's clock (the hook's `clock` argument).
+      default_steps: neither means every `default_steps` steps.
+      at_end: for a hook that may act only at its end, its `at_end`: neither with
+        `at_end=True` gives a `NeverTriggerTimer`.
+      error: the `ValueError` message when the intervals are not exactly one; the
+        default names `owner`, both arguments and their values.
+      steps_error: the `ValueError` message when the step interval is not an int >= 1;
+        the default names `owner` and the argument.
+      **every: the two interval arguments under the hook's own names, steps first and
+        seconds second, e.g. `every_n_steps=100, every_n_secs=None`. A hook that
+        offers only seconds passes None for steps.
+
+    Returns:
+      A `SecondOrStepTimer`, or a `NeverTriggerTimer` for an at-end-only hook.
+
+    Raises:
+      ValueError: the intervals are not exactly one, or one is not a valid count.
+
+    Example:
+      >>> timer_for("MyHook", time.monotonic, every_n_steps=None, every_n_secs=30.0)
+      SecondOrStepTimer(every_secs=30.0)
+      >>> timer_for("MyHook", time.monotonic, at_end=True, every_n_steps=None, every_n_secs=None)
+      NeverTriggerTimer()
+    """
     (steps_name, steps), (secs_name, secs) = every.items()
+    if steps is None and secs is None:
+        if at_end:
+            return NeverTriggerTimer()
+        steps = default_steps
     if (steps is None) == (secs is None):
-        raise ValueError(f"{owner} needs exactly one of {steps_name} and {secs_name}; got "
-                         f"{steps_name}={steps!r}, {secs_name}={secs!r}.")
+        if error is None:
+            neither = ", or neither with at_end=True" if at_end is not None else ""
+            shown = "" if at_end is None else f", at_end={at_end!r}"
+            error = (f"{owner} needs exactly one of {steps_name} and {secs_name}{neither}; got "
+                     f"{steps_name}={steps!r}, {secs_name}={secs!r}{shown}.")
+        raise ValueError(error)
     if steps is not None:
-        check_int(f"{owner} {steps_name}", steps, minimum=1)
+        try:
+            check_int(f"{owner} {steps_name}", steps, minimum=1)
+        except ValueError:
+            if steps_error is None:
+                raise
+            raise ValueError(steps_error) from None
     else:
         check_number(f"{owner} {secs_name}", secs)
     return SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)

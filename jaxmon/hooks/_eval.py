@@ -17,7 +17,7 @@ from jaxmon import _fetches
 from jaxmon._errors import check_int, check_number, check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._summary import WriterSlot
-from jaxmon._triggers import NeverTriggerTimer, timer_for
+from jaxmon._triggers import timer_for
 from jaxmon.hooks._logging import show_info_logs
 
 logger = logging.getLogger("jaxmon")
@@ -67,13 +67,8 @@ class EvalHook(Hook):
             raise ValueError(f"EvalHook reads data again at every evaluation, so it needs a list of batches (or "
                              f"another re-iterable collection) or a function returning a fresh iterable; got "
                              f"{type(data).__name__}, which can be read only once.")
-        if every_n_steps is None and every_n_secs is None:
-            if not at_end:
-                raise ValueError("EvalHook needs every_n_steps= or every_n_secs= (or at_end=True to evaluate "
-                                 "only at the end).")
-            self.timer = NeverTriggerTimer()
-        else:
-            self.timer = timer_for("EvalHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self.timer = timer_for("EvalHook", clock, at_end=at_end, every_n_steps=every_n_steps,
+                               every_n_secs=every_n_secs)
         self._slot = WriterSlot("EvalHook", output_dir, summary_writer, required=False)
         self.eval_fn, self.data, self.prefix, self.at_end = eval_fn, data, prefix, at_end
         self.on_error = check_on_error("EvalHook", on_error)
@@ -102,8 +97,7 @@ class EvalHook(Hook):
         self.latest = self.history[-1][1] if self.history else None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self.timer.should_trigger_for_step(values.step):
-            self.timer.update_last_triggered_step(values.step)
+        if self.timer.due(values.step):
             self.evaluate(ctx.session)
 
     def end(self, session) -> None:
@@ -191,10 +185,8 @@ class EarlyStoppingHook(Hook):
             self.timer = None
         else:
             _fetches.normalize({"value": fetch}, "EarlyStoppingHook fetch")
-            if every_n_steps is None and every_n_secs is None:
-                every_n_steps = 100
-            self.timer = timer_for("EarlyStoppingHook", clock, every_n_steps=every_n_steps,
-                                    every_n_secs=every_n_secs)
+            self.timer = timer_for("EarlyStoppingHook", clock, default_steps=100, every_n_steps=every_n_steps,
+                                   every_n_secs=every_n_secs)
         self.fetch, self.mode, self.patience, self.min_delta = fetch, mode, patience, min_delta
         self.source, self.baseline = source, baseline
         self._fetches = {"value": fetch}
@@ -217,9 +209,8 @@ class EarlyStoppingHook(Hook):
                                                                state["seen"])
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if self.timer is None or not self.timer.should_trigger_for_step(ctx.next_step):
+        if self.timer is None or not self.timer.due(ctx.next_step):
             return None
-        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

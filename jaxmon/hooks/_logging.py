@@ -13,10 +13,10 @@ import jax
 import numpy as np
 
 from jaxmon import _fetches
-from jaxmon._errors import check_int, check_number, check_on_error
+from jaxmon._errors import check_int, check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._summary import WriterSlot
-from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, timer_for
+from jaxmon._triggers import timer_for
 from jaxmon.hooks._stop import StopAtStepHook
 
 logger = logging.getLogger("jaxmon")
@@ -69,14 +69,11 @@ class LoggingHook(Hook):
     def __init__(self, fetches: Any, every_n_iter: int | None = None, every_n_secs: float | None = None,
                  at_end: bool = False, formatter: Callable[[dict[str, Any]], str] | None = None, *,
                  on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
-        only_at_end = at_end and every_n_iter is None and every_n_secs is None
-        if not only_at_end and (every_n_iter is None) == (every_n_secs is None):
-            raise ValueError("either at_end and/or exactly one of every_n_iter and every_n_secs must be provided "
-                             f"(got every_n_iter={every_n_iter!r}, every_n_secs={every_n_secs!r}, at_end={at_end!r}).")
-        if every_n_iter is not None and (not isinstance(every_n_iter, int) or every_n_iter <= 0):
-            raise ValueError(f"invalid every_n_iter={every_n_iter!r}: it must be an int >= 1.")
-        if every_n_secs is not None:
-            check_number("LoggingHook every_n_secs", every_n_secs)
+        self.timer = timer_for(
+            "LoggingHook", clock, at_end=at_end, every_n_iter=every_n_iter, every_n_secs=every_n_secs,
+            error=("either at_end and/or exactly one of every_n_iter and every_n_secs must be provided (got "
+                   f"every_n_iter={every_n_iter!r}, every_n_secs={every_n_secs!r}, at_end={at_end!r})."),
+            steps_error=f"invalid every_n_iter={every_n_iter!r}: it must be an int >= 1.")
         if formatter is not None and not callable(formatter):
             raise TypeError(f"LoggingHook formatter must be a function formatter(values) -> str; got {formatter!r}.")
         self._fetches = _fetches.normalize(fetches, "LoggingHook fetches")
@@ -85,8 +82,6 @@ class LoggingHook(Hook):
         self._tags = sorted(self._fetches) if isinstance(fetches, Mapping) else list(self._fetches)
         self.at_end, self.formatter = at_end, formatter
         self.on_error = check_on_error("LoggingHook", on_error)
-        self.timer = (NeverTriggerTimer() if only_at_end else
-                       SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_iter, clock=clock))
         self._iter_count = 0
         self._elapsed: dict[int, float | None] = {}
 
@@ -162,11 +157,11 @@ class StepCounterHook(Hook):
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
                  batch_size: int | None = None, tag: str = "global_step/sec", on_error: str = "raise",
                  clock: Callable[[], float] = time.monotonic):
-        if (every_n_steps is None) == (every_n_secs is None):
-            raise ValueError("exactly one of every_n_steps and every_n_secs should be provided "
-                             f"(got every_n_steps={every_n_steps!r}, every_n_secs={every_n_secs!r}; "
-                             "every_n_steps defaults to 100, so pass every_n_steps=None with every_n_secs).")
-        self.timer = timer_for("StepCounterHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self.timer = timer_for(
+            "StepCounterHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs,
+            error=("exactly one of every_n_steps and every_n_secs should be provided (got "
+                   f"every_n_steps={every_n_steps!r}, every_n_secs={every_n_secs!r}; every_n_steps defaults to "
+                   "100, so pass every_n_steps=None with every_n_secs)."))
         if batch_size is not None:
             check_int("StepCounterHook batch_size", batch_size, minimum=1)
         self._slot = WriterSlot("StepCounterHook", output_dir, summary_writer, required=False)
@@ -243,12 +238,12 @@ class ProgressBarHook(Hook):
             check_int("ProgressBarHook total_steps", total_steps, minimum=1)
         if isinstance(fetches, str) or not all(isinstance(name, str) for name in fetches):
             raise ValueError(f"ProgressBarHook fetches must be a list of output names; got {fetches!r}.")
-        check_number("ProgressBarHook every_n_secs", every_n_secs)
+        self.timer = timer_for("ProgressBarHook", clock, every_n_steps=None, every_n_secs=every_n_secs,
+                               error=f"ProgressBarHook every_n_secs must be a number >= 0; got {every_n_secs!r}.")
         self.total_steps, self.fetches = total_steps, tuple(fetches)
         self._stream, self._enabled, self._width = stream, enabled, width
         self.on_error = check_on_error("ProgressBarHook", on_error)
         self._clock = clock
-        self.timer = SecondOrStepTimer(every_secs=every_n_secs, clock=clock)
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
         self._drawn = False
@@ -268,9 +263,8 @@ class ProgressBarHook(Hook):
             self._total = min((s for s in stops if s is not None), default=None)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.enabled or not self.timer.should_trigger_for_step(ctx.next_step):
+        if not self.enabled or not self.timer.due(ctx.next_step):
             return None
-        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches={}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

@@ -35,8 +35,7 @@ class PeriodicHook(Hook):
         self.timer.reset()
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self.timer.should_trigger_for_step(values.step):
-            self.timer.update_last_triggered_step(values.step)
+        if self.timer.due(values.step):
             self.fn(ctx.session)
 
     def end(self, session) -> None:

@@ -104,9 +104,8 @@ class SummarySaverHook(Hook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.timer.should_trigger_for_step(ctx.next_step):
+        if not self.timer.due(ctx.next_step):
             return None
-        self.timer.update_last_triggered_step(ctx.next_step)
         return RunArgs(fetches=self._fetches or {}, late=True)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
