@@ -28,6 +28,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxmon._paths import path_name
+
 logger = logging.getLogger("jaxmon")
 
 FORMAT = "jaxmon-checkpoint/1"
@@ -99,14 +101,14 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
     if callable(source):
         return source(state), None
     saved = restore_checkpoint(source).state
-    by_path = {_path_name(path): value for path, value in jax.tree_util.tree_flatten_with_path(saved)[0]}
+    by_path = {path_name(path): value for path, value in jax.tree_util.tree_flatten_with_path(saved)[0]}
     restored, fresh, mismatched, skipped, leaves = [], [], [], [], []
     paths, tree = jax.tree_util.tree_flatten_with_path(state)
-    model_only = any(_path_name(path[:1]) == "params" for path, _ in paths)
+    model_only = any(path_name(path[:1]) == "params" for path, _ in paths)
     for path, leaf in paths:
-        name = _path_name(path)
+        name = path_name(path)
         value = by_path.pop(name, None)
-        if model_only and _path_name(path[:1]) in BOOKKEEPING:
+        if model_only and path_name(path[:1]) in BOOKKEEPING:
             skipped.append(name)
             value = None
         elif value is None:
@@ -124,18 +126,6 @@ def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> 
                 "not in the state %s; optimizer state, step and rng left fresh %s.", report.source,
                 len(restored), restored, fresh, mismatched, report.unused, skipped)
     return jax.tree.unflatten(tree, leaves), report
-
-
-def _path_name(path: tuple) -> str:
-    parts = []
-    for key in path:
-        for attribute in ("key", "name", "idx"):
-            if hasattr(key, attribute):
-                parts.append(str(getattr(key, attribute)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def versions() -> dict[str, str]:

@@ -16,6 +16,7 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._paths import by_path
 from jaxmon._summary import WriterSlot
 from jaxmon._triggers import timer_for
 
@@ -122,7 +123,7 @@ class SummarySaverHook(Hook):
             elif kind == "images":
                 groups[kind][tag] = value
             else:
-                groups[kind].update(_by_path(tag, value))
+                groups[kind].update(by_path(tag, value))
         bad = {tag: np.shape(v) for tag, v in groups["scalars"].items() if np.size(v) != 1}
         if bad:
             raise ValueError(f"SummarySaverHook: scalar summaries must be single values; got shapes {bad}. "
@@ -141,24 +142,6 @@ class SummarySaverHook(Hook):
 
     def __repr__(self) -> str:
         return f"SummarySaverHook({self.timer!r}, tags={sorted(self.summaries)})"
-
-
-def _by_path(tag: str, tree: Any) -> dict[str, Any]:
-    """Leaves of a pytree of values, tagged `tag/path/to/leaf` (just `tag` for a leaf)."""
-    leaves = jax.tree_util.tree_leaves_with_path(tree)
-    if len(leaves) == 1 and not leaves[0][0]:
-        return {tag: leaves[0][1]}
-    return {"/".join([tag, *(_key(k) for k in path)]): leaf for path, leaf in leaves}
-
-
-def _key(key: Any) -> str:
-    if isinstance(key, (jax.tree_util.DictKey, jax.tree_util.FlattenedIndexKey)):
-        return str(key.key)
-    if isinstance(key, jax.tree_util.SequenceKey):
-        return str(key.idx)
-    if isinstance(key, jax.tree_util.GetAttrKey):
-        return key.name
-    return str(key)
 
 
 class ProfilerHook(Hook):
