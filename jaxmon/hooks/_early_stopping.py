@@ -1,0 +1,125 @@
+"""EarlyStoppingHook: stop training when a metric stops improving."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxmon import _fetches
+from jaxmon._errors import check_int, check_number
+from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._triggers import timer_for
+from jaxmon.hooks._eval import EvalHook
+
+logger = logging.getLogger("jaxmon")
+
+
+class EarlyStoppingHook(Hook):
+    """Stops training when a metric has not improved for `patience` checks.
+
+    The metric comes from an `EvalHook` (`source=`; checked after each of its
+    evaluations — list the `EvalHook` first to act on the same step), or from the
+    training step's outputs (`fetch` an output name or a callable), checked every
+    `every_n_steps` steps (default 100) or `every_n_secs` seconds.
+
+    Args:
+      fetch: the metric: a name of the source's metrics or of the step's outputs, or
+        a callable `fn(state, batch, outputs)`.
+      mode: "min" (lower is better) or "max".
+      patience: how many checks without improvement to allow before stopping.
+      min_delta: the smallest change that counts as an improvement.
+      source: an `EvalHook` whose evaluations to watch.
+      baseline: a value the metric must beat to count as improving at all.
+
+    Attributes:
+      best, best_step: the best value so far and its step.
+      stopped_step: the step at which it stopped training, or None.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> evaluate = jm.EvalHook(lambda s, b: {"loss": s}, data=[0], every_n_steps=500)
+      >>> stop = jm.EarlyStoppingHook("loss", mode="min", patience=3, source=evaluate)
+    """
+
+    def __init__(self, fetch: Any, mode: str = "min", patience: int = 10, min_delta: float = 0.0, *,
+                 source: EvalHook | None = None, every_n_steps: int | None = None, every_n_secs: float | None = None,
+                 baseline: float | None = None, clock: Callable[[], float] = time.monotonic):
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStoppingHook mode must be 'min' or 'max'; got {mode!r}.")
+        check_int("EarlyStoppingHook patience", patience)
+        check_number("EarlyStoppingHook min_delta", min_delta)
+        if source is not None:
+            if not isinstance(source, EvalHook):
+                raise TypeError(f"EarlyStoppingHook source must be an EvalHook; got {source!r}.")
+            if not isinstance(fetch, str) or every_n_steps is not None or every_n_secs is not None:
+                raise ValueError("With source=, fetch names one of the EvalHook's metrics and the EvalHook's "
+                                 f"period applies; got fetch={fetch!r}, every_n_steps={every_n_steps!r}, "
+                                 f"every_n_secs={every_n_secs!r}.")
+            self.timer = None
+        else:
+            _fetches.normalize({"value": fetch}, "EarlyStoppingHook fetch")
+            self.timer = timer_for("EarlyStoppingHook", clock, default_steps=100, every_n_steps=every_n_steps,
+                                   every_n_secs=every_n_secs)
+        self.fetch, self.mode, self.patience, self.min_delta = fetch, mode, patience, min_delta
+        self.source, self.baseline = source, baseline
+        self._fetches = {"value": fetch}
+        self.begin()
+
+    def begin(self) -> None:
+        self.best = self.baseline
+        self.best_step: int | None = None
+        self.stopped_step: int | None = None
+        self._waited = 0
+        self._seen = 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {**(super().get_state() or {}), "best": self.best, "best_step": self.best_step,
+                "waited": self._waited, "seen": self._seen}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.best, self.best_step, self._waited, self._seen = (state["best"], state["best_step"], state["waited"],
+                                                               state["seen"])
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        if self.timer is None or not self.timer.due(ctx.next_step):
+            return None
+        return RunArgs(fetches=self._fetches)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self.source is not None:
+            if len(self.source.history) > self._seen:
+                self._seen = len(self.source.history)
+                step, metrics = self.source.history[-1]
+                if self.fetch not in metrics:
+                    raise ValueError(f"EarlyStoppingHook watches {self.fetch!r}, but {self.source!r} reports "
+                                     f"{sorted(metrics)}.")
+                self._check(ctx, step, metrics[self.fetch])
+        elif values.results is not None:
+            value = np.asarray(values.results["value"])
+            if value.size != 1:
+                raise ValueError(f"EarlyStoppingHook watches {self.fetch!r}, which has shape {value.shape}; "
+                                 "it needs a single value (reduce it, e.g. fetch a callable returning its mean).")
+            self._check(ctx, values.step, value.item())
+
+    def _check(self, ctx: RunContext, step: int, value: float) -> None:
+        better = (value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta) \
+            if self.best is not None else math.isfinite(value)
+        if better:
+            self.best, self.best_step, self._waited = value, step, 0
+            return
+        self._waited += 1
+        if self._waited >= max(self.patience, 1):
+            self.stopped_step = ctx.next_step
+            logger.info("EarlyStoppingHook: %r has not improved by more than %g for %d checks (best %s at step "
+                        "%s); stopping at step %d.", self.fetch, self.min_delta, self._waited, self.best,
+                        self.best_step, self.stopped_step)
+            ctx.request_stop()
+
+    def __repr__(self) -> str:
+        return f"EarlyStoppingHook({self.fetch!r}, mode={self.mode!r}, patience={self.patience})"

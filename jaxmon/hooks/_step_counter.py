@@ -1,0 +1,101 @@
+"""StepCounterHook: the training speed, written and logged every N steps or seconds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon._errors import check_int, check_on_error
+from jaxmon._hook import Hook, RunContext, RunValues
+from jaxmon._summary import WriterSlot
+from jaxmon._triggers import timer_for
+from jaxmon.hooks._logging import show_info_logs
+
+logger = logging.getLogger("jaxmon")
+
+
+class StepCounterHook(Hook):
+    """Writes and logs the training speed, `global_step/sec`, every N steps or seconds.
+
+    The first trigger only starts the clock (nothing is written for it), so with
+    `every_n_steps=100` rates appear at steps 101, 201, ... With a known batch size
+    (given, or the common leading dimension of the batch's arrays) it also writes
+    `examples/sec`. Rates are measured on the host at step boundaries; the host runs at
+    most a few steps ahead of the device, so over a period they match the device.
+
+    Args:
+      every_n_steps, every_n_secs: the period; give exactly one (pass
+        `every_n_steps=None` with `every_n_secs`).
+      output_dir: a directory to write to (shared with other hooks writing there), or
+      summary_writer: a writer; with neither, the hook only logs.
+      batch_size: examples per step, when it cannot be read off the batch.
+      on_error: "raise" (default) or "warn".
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.StepCounterHook(every_n_steps=100, output_dir="runs/example")
+    """
+
+    def __init__(self, every_n_steps: int | None = 100, every_n_secs: float | None = None,
+                 output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
+                 batch_size: int | None = None, tag: str = "global_step/sec", on_error: str = "raise",
+                 clock: Callable[[], float] = time.monotonic):
+        self.timer = timer_for(
+            "StepCounterHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs,
+            error=("exactly one of every_n_steps and every_n_secs should be provided (got "
+                   f"every_n_steps={every_n_steps!r}, every_n_secs={every_n_secs!r}; every_n_steps defaults to "
+                   "100, so pass every_n_steps=None with every_n_secs)."))
+        if batch_size is not None:
+            check_int("StepCounterHook batch_size", batch_size, minimum=1)
+        self._slot = WriterSlot("StepCounterHook", output_dir, summary_writer, required=False)
+        self.batch_size, self.tag = batch_size, tag
+        self.on_error = check_on_error("StepCounterHook", on_error)
+        self._last_step: int | None = None
+        self._warnings = 0
+
+    def begin(self) -> None:
+        show_info_logs()
+        self._slot.open()
+
+    def after_create_session(self, session) -> None:
+        self.timer.reset()  # a restored or recovered step starts a new interval
+        self._last_step = None
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        step = values.step
+        if self._last_step is not None and step <= self._last_step and self._warnings < 5:
+            self._warnings += 1
+            logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
+                           "Rates skip such runs.", self._last_step, step)
+        self._last_step = step
+        if not self.timer.should_trigger_for_step(step):
+            return
+        elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
+        if not elapsed_secs or elapsed_steps <= 0:
+            return  # the first trigger only starts the clock
+        rate = elapsed_steps / elapsed_secs
+        scalars = {self.tag: rate}
+        batch_size = self.batch_size or _batch_size(ctx.original_args.feeds)
+        if batch_size:
+            scalars["examples/sec"] = rate * batch_size
+        logger.info("%s: %g", self.tag, rate)
+        if self._slot.writer is not None:
+            self._slot.writer.write_scalars(step, scalars)
+
+    def close(self) -> None:
+        self._slot.close()
+
+    def __repr__(self) -> str:
+        return f"StepCounterHook({self.timer!r})"
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The leading dimension shared by every array of the batch, if there is one."""
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree.leaves(batch)}
+    return sizes.pop() if len(sizes) == 1 else None
