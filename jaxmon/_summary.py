@@ -241,7 +241,7 @@ class SummaryWriterCache:
             if entry is None:
                 entry = cls._writers[key] = [default_writer(key), 0]
             entry[1] += 1
-        return _SharedWriter(key, entry[0])
+        return _SharedWriter(key, entry[0], cls._release)
 
     @classmethod
     def _release(cls, key: str) -> None:
@@ -263,17 +263,23 @@ class SummaryWriterCache:
 
 
 class _SharedWriter(MultiWriter):
-    """A handle on a cached writer: writes through; `close()` releases it once."""
+    """A handle on a cached writer: writes through; `close()` releases it once.
 
-    def __init__(self, key: str, writer: MultiWriter):
+    Args:
+      key: the writer's key in the cache (its absolute logdir).
+      writer: the cached writer.
+      release: called with `key` on the first `close()`: the cache's bookkeeping.
+    """
+
+    def __init__(self, key: str, writer: MultiWriter, release: Callable[[str], None]):
         super().__init__([writer])
-        self.writer, self._key, self._open = writer, key, True
+        self.writer, self._key, self._release, self._open = writer, key, release, True
 
     def close(self) -> None:
         if self._open:
             self._open = False
             self.writer.flush()
-            SummaryWriterCache._release(self._key)
+            self._release(self._key)
 
     def __repr__(self) -> str:
         return f"SummaryWriterCache.get({self._key!r})"

@@ -1,0 +1,160 @@
+"""The sections of an experiment config, built: the task's loss, the optimizer, the
+hooks, and the session's arguments."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import jaxmon
+from jaxmon._config import ConfigError
+from jaxmon._experiment_config import get_key, pop_key, resolve
+from jaxmon._training import MonitoredTrainingSession
+
+#: The `MonitoredTrainingSession` arguments the experiment sets itself.
+_RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config"}
+
+
+def task_of(task: Any) -> Callable[[Any, Mapping[str, Any]], tuple[Any, dict[str, Any]]]:
+    """The loss function `fn(predictions, batch) -> (loss, metrics)` of the `task` key.
+
+    Args:
+      task: "classification", "regression", or the import path of such a function.
+
+    Raises:
+      ConfigError: `task` is none of these.
+    """
+    if task == "classification":
+        def classification(logits, batch):
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+            return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["y"])}
+        return classification
+    if task == "regression":
+        def regression(predictions, batch):
+            return jnp.mean((predictions - batch["y"]) ** 2), {}
+        return regression
+    if isinstance(task, str) and (":" in task or "." in task):
+        return resolve(task, "task")
+    raise ConfigError(f"task must be 'classification', 'regression' or the import path of "
+                      f"fn(predictions, batch) -> (loss, metrics) (e.g. 'mypkg.tasks:loss'); got {task!r}.")
+
+
+def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
+    """The optax optimizer of the `optimizer` section (a copy: `spec` is changed).
+
+    Args:
+      spec: `name` of an optax optimizer and its arguments; a `learning_rate` may be
+        `{"name": <optax schedule>, ...}`.
+
+    Raises:
+      ConfigError: a name is not an optax function, or the arguments do not fit it.
+    """
+    name = pop_key(spec, "name", "optimizer.name")
+    if isinstance(spec.get("learning_rate"), Mapping):
+        schedule = dict(spec["learning_rate"])
+        schedule_name = pop_key(schedule, "name", "optimizer.learning_rate.name")
+        spec["learning_rate"] = _optax(schedule_name, "optimizer.learning_rate.name")(**schedule)
+    try:
+        return _optax(name, "optimizer.name")(**spec)
+    except TypeError as error:
+        raise ConfigError(f"optimizer {name!r}: {error}. Its arguments come from the keys of optimizer "
+                          "other than name.") from error
+
+
+def _optax(name: str, key: str) -> Callable[..., Any]:
+    fn = getattr(optax, name, None) if isinstance(name, str) else None
+    if not callable(fn):
+        public = [n for n in dir(optax) if not n.startswith("_")]
+        near = difflib.get_close_matches(str(name), public, n=1)
+        raise ConfigError(f"{key}={name!r} is not an optax function." + (f" Did you mean {near[0]!r}?" if near else ""))
+    return fn
+
+
+def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_batches: list,
+             workdir: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """The hooks of a run: a `StopAtStepHook` at `steps` and those of the `hooks` section.
+
+    Args:
+      config: the experiment config.
+      steps: the last step (also `ProgressBarHook`'s default `total_steps`).
+      eval_fn: `EvalHook`'s default `eval_fn`.
+      eval_batches: `EvalHook`'s default `data`.
+      workdir: `EvalHook`'s default `output_dir` (on process 0, without a `summary_writer`).
+
+    Returns:
+      The hooks, the chief-only hooks, and the `EvalHook`s that evaluate with `eval_fn`.
+    """
+    hooks, chief_only_hooks, evals = [jaxmon.StopAtStepHook(last_step=steps)], [], []
+    for i, spec in enumerate(get_key(config, "hooks", list, [])):
+        hook, chief_only = _hook(spec, f"hooks.{i}", steps=steps, eval_fn=eval_fn, eval_batches=eval_batches,
+                                 workdir=workdir)
+        (chief_only_hooks if chief_only else hooks).append(hook)
+        if isinstance(hook, jaxmon.EvalHook) and hook.eval_fn is eval_fn:
+            evals.append(hook)
+    return hooks, chief_only_hooks, evals
+
+
+def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: list, workdir: str) -> Any:
+    """The hook of one entry of `hooks` (at `key`), and whether it is chief-only."""
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise ConfigError(f"{key} must be a dict with a name, e.g. {{'name': 'EvalHook', 'every_n_steps': 500}}; "
+                          f"got {spec!r}.")
+    args = dict(spec)
+    name = args.pop("name")
+    chief_only = args.pop("chief_only", name == "ProgressBarHook")
+    if not isinstance(chief_only, bool):
+        raise ConfigError(f"{key}.chief_only must be True or False; got {chief_only!r}.")
+    cls = _hook_class(name, key)
+    if cls is jaxmon.EvalHook:
+        args.setdefault("eval_fn", eval_fn)
+        args.setdefault("data", eval_batches)
+        if "summary_writer" not in args and jax.process_index() == 0:  # one process writes event files
+            args.setdefault("output_dir", workdir)
+    elif cls is jaxmon.ProgressBarHook:
+        args.setdefault("total_steps", steps)
+    try:
+        return cls(**args), chief_only
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{key} ({name}): {error}") from error
+
+
+def _hook_class(name: Any, key: str) -> Any:
+    """The hook class `name` names: a jaxmon hook's name, or an import path."""
+    if not (isinstance(name, str) and name.isidentifier()):
+        return resolve(name, f"{key}.name")
+    cls = getattr(jaxmon, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, jaxmon.Hook)):
+        hooks = sorted(n for n in dir(jaxmon) if n.endswith("Hook") and n[0].isupper())
+        near = difflib.get_close_matches(name, hooks, n=1)
+        raise ConfigError(f"{key}.name={name!r} is not a jaxmon hook." + (f" Did you mean {near[0]!r}?" if near
+                          else "") + f" jaxmon's hooks: {', '.join(hooks)}; or give an import path 'pkg.mod:Hook'.")
+    return cls
+
+
+def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `session` section, checked against what `MonitoredTrainingSession` takes,
+    with the top-level `warm_start` if set.
+
+    Raises:
+      ConfigError: a key is one the experiment sets itself, or no argument of the session.
+    """
+    args = dict(get_key(config, "session", dict, {}))
+    known = {name for cls in (MonitoredTrainingSession, jaxmon.MonitoredSession)
+             for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")}
+    for name in args:
+        if name in _RESERVED:
+            raise ConfigError(f"session.{name} is set by the experiment itself; remove it from the config.")
+        if name not in known:
+            near = difflib.get_close_matches(name, sorted(known - _RESERVED), n=1)
+            raise ConfigError(f"session.{name} is not an argument of MonitoredTrainingSession."
+                              + (f" Did you mean session.{near[0]}?" if near else "")
+                              + f" It takes: {', '.join(sorted(known - _RESERVED))}.")
+    if config.get("warm_start") is not None:
+        args["warm_start"] = config["warm_start"]
+    return args

@@ -1,0 +1,63 @@
+"""Resuming a run: the config changes since its latest checkpoint, and which of them
+the checkpoints depend on."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxmon._checkpoint import complete_steps, read_meta
+from jaxmon._config import ConfigError
+
+#: What a run's checkpoints depend on: resuming with any of these changed is an error.
+SAME_RUN = ("seed", "task", "model", "data", "optimizer.name")
+_NOT_SAME_RUN = ("data.eval_split", "data.eval_batch_size")
+
+
+def report_changes(config: Mapping[str, Any], workdir: str, report: Callable[[str], None]) -> None:
+    """Reports how `config` differs from the config of the latest checkpoint in
+    `workdir`, one line a change; nothing if `workdir` holds no checkpoint.
+
+    Raises:
+      ConfigError: a change is one the checkpoints depend on (see `check_same_run`).
+    """
+    steps_saved = complete_steps(workdir) if os.path.isdir(workdir) else []
+    if steps_saved:
+        saved = (read_meta(os.path.join(workdir, str(steps_saved[-1]))) or {}).get("config")
+        for change in check_same_run(saved, config, workdir, steps_saved[-1]):
+            report(f"Changed since step {steps_saved[-1]}: {change}")
+
+
+def check_same_run(saved: Any, config: Mapping[str, Any], workdir: str, step: int) -> list[str]:
+    """Raises a `ConfigError` if `config` changes what the checkpoints in `workdir`
+    depend on (`SAME_RUN`); returns the other changes, one line each.
+
+    Example:
+      >>> check_same_run({"steps": 10, "seed": 0}, {"steps": 20, "seed": 0}, "run", 10)
+      ['steps: 10 -> 20']
+    """
+    if not isinstance(saved, Mapping):
+        return []
+    changes = _diff(saved, config, "")
+    breaking = [change for change in changes if _checkpoints_depend_on(change.split(":")[0])]
+    if breaking:
+        raise ConfigError(
+            f"{workdir} holds checkpoints (latest step {step}) of a run whose config differs where the "
+            f"checkpoints depend on it: {'; '.join(breaking)}. Resume with the same settings, use a new "
+            f"--workdir, or warm-start a new run from this one (--config.warm_start={workdir}).")
+    return changes
+
+
+def _checkpoints_depend_on(key: str) -> bool:
+    return not key.startswith(_NOT_SAME_RUN) and any(key == k or key.startswith(k + ".") for k in SAME_RUN)
+
+
+def _diff(old: Any, new: Any, key: str) -> list[str]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        return [change for name in sorted(set(old) | set(new), key=str)
+                for change in _diff(old.get(name, "<absent>"), new.get(name, "<absent>"),
+                                    f"{key}.{name}" if key else str(name))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [change for i, (a, b) in enumerate(zip(old, new, strict=True)) for change in _diff(a, b, f"{key}.{i}")]
+    return [] if old == new else [f"{key}: {old!r} -> {new!r}"]
