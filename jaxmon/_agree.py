@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -64,10 +65,78 @@ class Agreement:
         stopped_by = tuple(int(i) for i in np.flatnonzero(everyone[:, 0]))
         return Decision(bool(stopped_by) or bool(failed), stopped_by, failure)
 
-
     def all(self, flag: bool, step: int) -> bool:
         """Whether `flag` is True on every process."""
         return bool(_gather(np.array([float(flag)]), step).all())
+
+
+class AgreedRuns:
+    """A session's runs when several JAX processes share the step: after each, every
+    process learns whether any of them asked to stop, ran out of data or failed in a
+    hook, and all act on it at this same step. The next batch is taken before
+    agreeing, so that the end of one process's data stops all of them.
+
+    Args:
+      batches: the session's `BatchSource`.
+      hooks: the session's hooks: their timers read the agreed clock.
+      step: the session's step number now.
+      stop_asked: whether this process asked to stop.
+    """
+
+    def __init__(self, batches: Any, hooks: Iterable[Any], *, step: Callable[[], int], stop_asked: Callable[[], bool]):
+        self._agreement = Agreement()
+        self._batches, self._step, self._stop_asked = batches, step, stop_asked
+        #: True once the processes agreed to stop.
+        self.stopped = False
+        #: True once another process stopped answering.
+        self.peer_lost = False
+        self._data_ended = False
+        for hook in hooks:  # seconds-based triggers read the chief's clock, agreed each run
+            if hook.timer is not None:
+                hook.timer.use_clock(self._agreement.clock)
+
+    def run(self, run_once: Callable[[Any], Any], batch: Any) -> Any:
+        """`run_once(batch)` (None: the next batch of data), then the agreement."""
+        from_data = batch is None and self._batches.has_data
+        if from_data:
+            batch = self._batches.next_one()
+        before, error, result = self._step(), None, None
+        try:
+            result = run_once(batch)
+        except Exception as raised:
+            if self._step() == before:  # the step never ran here: the others wait in it for this process
+                raise
+            error = raised  # after the step (a hook's after_run, e.g. a NaN): raised once all agree
+        if from_data and not self._batches.take_ahead():
+            self._data_ended = True
+        step = self._step()
+        decision = self._agreed(self._agreement, step, stop=self._stop_asked() or self._data_ended, error=error)
+        if decision.failure is not None:
+            if error is not None:
+                raise error
+            process, message = decision.failure
+            raise PeerError(f"JAX process {process} failed after step {step}: {message}. "
+                            f"Every process of the run stops at this step.")
+        if decision.stop and not self.stopped:
+            self.stopped = True
+            if len(decision.stopped_by) < self._agreement.process_count:  # not a stop all of them took
+                logger.info("Process(es) %s asked to stop (or ran out of data) at step %d: every process "
+                            "stops.", list(decision.stopped_by), step)
+        return result
+
+    def all(self, flag: bool) -> bool:
+        """Whether `flag` holds on every process (every process calls it at one point)."""
+        return self._agreed(self._agreement.all, bool(flag), self._step())
+
+    def _agreed(self, agree: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return agree(*args, **kwargs)
+        except PeerError as lost:
+            # Say so now: JAX may abort this process at its shutdown barrier before a
+            # traceback is printed. Checkpoint savers stop waiting for writes.
+            self.peer_lost = True
+            logger.error("%s", lost)
+            raise
 
 
 def _gather(values: np.ndarray, step: int) -> np.ndarray:

@@ -1,0 +1,139 @@
+"""Where a session's batches come from: its data, taken ahead, stacked for multi-step
+runs, with the data position a checkpoint keeps."""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+logger = logging.getLogger("jaxmon")
+
+
+class BatchSource:
+    """The session's `data`: the batches of each run, and the position before them.
+
+    Batches taken ahead (for a multi-step run cut short, or to learn early that the
+    data ended) wait in a buffer with the data position before each, so that a
+    checkpoint records the position of the first batch not yet run.
+
+    Args:
+      data: an iterable of batches, or None (every run is given its batch); its
+        iterator may have `get_state()` and `set_state(state)` (an exact resume
+        needs both).
+      steps_per_dispatch: the most steps one run takes.
+      run_limit: `run_limit(step, limit)`: `limit` cut to the next step a hook needs
+        a run to end on.
+    """
+
+    def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int]):
+        self._data = None if data is None else iter(data)
+        self._steps_per_dispatch = steps_per_dispatch
+        self._run_limit = run_limit
+        self._buffer: collections.deque = collections.deque()  # (batch, data position before it)
+        #: True once a restore set the data back: a batch in hand is past that position.
+        self.rewound = False
+
+    @property
+    def has_data(self) -> bool:
+        return self._data is not None
+
+    def next(self, step: int) -> Any:
+        """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
+        next trigger after `step` allows (a power of two)."""
+        if self._steps_per_dispatch == 1:
+            return next(self._data)
+        length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
+        while len(self._buffer) < length:
+            try:
+                self._take_ahead()
+            except StopIteration:
+                if not self._buffer:
+                    raise
+                length = _power_of_two(len(self._buffer))  # what is left, in powers of two
+        items = [self._buffer.popleft()[0] for _ in range(length)]
+        return items[0] if length == 1 else Steps(items)
+
+    def next_one(self) -> Any:
+        """The next single batch, the one taken ahead first if there is one."""
+        return self._buffer.popleft()[0] if self._buffer else next(self._data)
+
+    def take_ahead(self) -> bool:
+        """Takes the next batch ahead; False when the data has ended."""
+        try:
+            self._take_ahead()
+        except StopIteration:
+            return False
+        return True
+
+    def _take_ahead(self) -> None:
+        position = self._get_state()
+        self._buffer.append((next(self._data), position))
+
+    def _get_state(self) -> Any:
+        get_state = getattr(self._data, "get_state", None)
+        return get_state() if callable(get_state) else None
+
+    def position(self) -> Any:
+        """The data position before the next batch to run (None when the iterator has
+        no `get_state()`)."""
+        return self._buffer[0][1] if self._buffer else self._get_state()
+
+    def restore(self, position: Any, step: int, recovering: bool) -> None:
+        """Sets the data back to a checkpoint's `position` (of `step`), or says why not."""
+        if position is not None:
+            if hasattr(self._data, "set_state"):
+                self._data.set_state(position)
+                self._buffer.clear()
+                self.rewound = True
+            else:
+                logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
+                               "the data restarts from where it is.", step)
+        elif not recovering and hasattr(self._data, "get_state"):
+            logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.", step)
+
+
+def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any]:
+    """`(steps, batch)` of one run: a list of batches given to `run()` (with
+    `steps_per_dispatch`) or taken from data is stacked on a new leading axis."""
+    if isinstance(batch, list) and steps_per_dispatch > 1:
+        batch = Steps(batch)
+    if isinstance(batch, Steps):
+        return len(batch.items), batch.stacked()
+    return 1, batch
+
+
+def _power_of_two(limit: int) -> int:
+    """The largest power of two <= `limit` (1 for anything below 2)."""
+    return 1 << (max(1, limit).bit_length() - 1)
+
+
+class Steps:
+    """The batches of one multi-step run, stacked on a new leading axis when used."""
+
+    def __init__(self, items: list[Any]):
+        if not items:
+            raise ValueError("run() was given an empty list of batches; give at least one.")
+        self.items = items
+
+    def stacked(self) -> Any:
+        try:
+            if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items)):
+                return _stack_on_device(self.items)  # one dispatch for every leaf
+            return jax.tree.map(_stack, *self.items)
+        except ValueError as error:
+            raise ValueError(f"The {len(self.items)} batches of one run must have the same structure and "
+                             f"shapes to be stacked for steps_per_dispatch: {error}") from None
+
+
+def _stack(*leaves: Any) -> Any:
+    return np.stack([np.asarray(leaf) for leaf in leaves])
+
+
+@jax.jit
+def _stack_on_device(items: list[Any]) -> Any:
+    return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)

@@ -1,0 +1,209 @@
+"""The hooks of a session and their events: list order, late delivery, error policy."""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon import _errors
+from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+
+logger = logging.getLogger("jaxmon")
+
+
+class Requests:
+    """What the hooks asked of one run, in hook order.
+
+    Attributes:
+      now: `[hook, results]` of the hooks whose `after_run` follows this run.
+      late: the same for those asking for late delivery (`RunArgs.late`).
+      asking: `(entry, args)` of the hooks that fetch or feed; `entry` is the hook's
+        list in `now` or `late`, whose `results` the run fills in.
+    """
+
+    def __init__(self):
+        self.now: list[list] = []
+        self.late: list[list] = []
+        self.asking: list[tuple[list, RunArgs]] = []
+
+
+class HookEvents:
+    """Calls every hook's events in list order and applies each hook's `on_error`.
+
+    Runs whose hooks asked for late delivery wait in a queue until the next run was
+    dispatched (or until `deliver_late()`); a stop any hook asks for goes to
+    `request_stop`.
+
+    Args:
+      hooks: the session's hooks.
+      request_stop: called when a hook's `after_run` asked to stop.
+    """
+
+    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None]):
+        self.hooks = _check_hooks(() if hooks is None else hooks)
+        self._request_stop = request_stop
+        self._late: collections.deque = collections.deque()
+        self._failures: dict[int, int] = {}
+
+    def begin(self, step: int) -> None:
+        for hook in self.hooks:
+            try:
+                hook.begin()
+            except Exception as error:
+                self.failed(hook, "begin", step, error)
+
+    def after_create_session(self, session: Any) -> None:
+        for hook in self.hooks:
+            try:
+                hook.after_create_session(session)
+            except Exception as error:
+                self.failed(hook, "after_create_session", session.step, error)
+
+    def steps_to_next_trigger(self, step: int, limit: int) -> int:
+        """`limit`, cut to the next step some hook must end a run on."""
+        for hook in self.hooks:
+            steps = hook.steps_to_next_trigger(step)
+            if steps is not None:
+                limit = min(limit, steps)
+        return limit
+
+    def before_run(self, ctx: RunContext) -> Requests:
+        requests = Requests()
+        for hook in self.hooks:
+            try:
+                args = hook.before_run(ctx)
+                if args is not None:
+                    args = _check_run_args(args, hook)
+            except Exception as error:
+                self.failed(hook, "before_run", ctx.step, error)  # a warn-policy hook sits out
+                continue
+            entry = [hook, None]
+            if args is None:
+                requests.now.append(entry)
+                continue
+            (requests.late if args.late else requests.now).append(entry)
+            if args.fetches is not None or args.feeds:
+                requests.asking.append((entry, args))
+        return requests
+
+    def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
+                  fetched: list[tuple[list, Any]]) -> Any:
+        """Delivers the previous run's late `after_run`s, queues this run's, then calls
+        this run's other `after_run`s; returns the caller's fetches on the host. One
+        host read serves the caller and every hook that reads now."""
+        for entry, results in fetched:
+            entry[1] = results
+        self.deliver_late()  # the previous run's: the device already has this one queued
+        if requests.late:
+            self._late.append((ctx, step, outputs, requests.late))
+        if caller is not None or (fetched and any(entry[1] is not None for entry in requests.now)):
+            caller, host = to_host((caller, [entry[1] for entry in requests.now]))
+            for entry, results in zip(requests.now, host, strict=True):
+                entry[1] = results
+        self._call_after_run(ctx, step, outputs, requests.now)
+        return caller
+
+    def deliver_late(self) -> None:
+        """Calls the `after_run` of every run whose hooks asked for late delivery."""
+        while self._late:
+            ctx, step, outputs, entries = self._late.popleft()
+            if any(entry[1] is not None for entry in entries):
+                host = to_host([entry[1] for entry in entries])
+                entries = [[entry[0], r] for entry, r in zip(entries, host, strict=True)]
+            self._call_after_run(ctx, step, outputs, entries)
+
+    def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
+        plain = RunValues(None, step, outputs)
+        for hook, results in entries:
+            try:
+                hook.after_run(ctx, plain if results is None else RunValues(results, step, outputs))
+            except Exception as error:
+                self.failed(hook, "after_run", step, error)
+        if ctx.stop_requested:
+            self._request_stop()
+
+    def end(self, session: Any) -> None:
+        for hook in self.hooks:
+            try:
+                hook.end(session)
+            except Exception as error:
+                self.failed(hook, "end", session.step, error)
+
+    def close(self, raise_errors: bool) -> None:
+        """Every hook's `close`, even when one fails; the first error is raised after."""
+        first = None
+        for hook in self.hooks:
+            try:
+                hook.close()
+            except Exception as error:
+                if not raise_errors or hook.on_error == "warn":
+                    logger.error("%r.close failed: %r", hook, error, exc_info=error)
+                elif first is None:
+                    error.add_note(f"(raised in {hook!r}.close)")
+                    first = error
+        if first is not None:
+            raise first
+
+    def failed(self, hook: Hook, event: str, step: int, error: Exception) -> None:
+        """Re-raises `error` (called inside its `except`) with the hook and step noted,
+        unless the hook's policy is to warn and the error is not control flow."""
+        if isinstance(error, StopIteration):
+            raise error
+        if hook.on_error != "warn" or _errors.is_recoverable(error):
+            error.add_note(f"(raised in {hook!r}.{event} at step {step})")
+            raise error
+        count = self._failures[id(hook)] = self._failures.get(id(hook), 0) + 1
+        if count <= 3 or count in (10, 100) or count % 1000 == 0:
+            logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
+                           hook, event, step, count, error, exc_info=count == 1)
+
+
+def to_host(values: Any) -> Any:
+    """`jax.device_get`, with a fast path for the common few single arrays. An array
+    spread over several processes must be replicated (a loss, a metric): each process
+    then reads its own copy."""
+    leaves, tree = jax.tree.flatten(values)
+    if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable for leaf in leaves):
+        return tree.unflatten([_local_copy(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
+    if len(leaves) > 4:
+        return jax.device_get(values)
+    return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
+
+
+def _local_copy(array: jax.Array) -> np.ndarray:
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if not array.is_fully_replicated:
+        raise ValueError(
+            f"A fetched value of shape {array.shape} is sharded across processes ({array.sharding}); every "
+            "process reads fetches on the host, so fetch values replicated on every device: a mean or a "
+            "sum (a loss, a metric), or jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec()) "
+            "in a fetch function.")
+    return np.asarray(array.addressable_data(0))
+
+
+def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+    if isinstance(hooks, Hook):
+        raise TypeError(f"hooks must be a list of Hook; got a single {hooks!r}. Pass hooks=[hook].")
+    hooks = tuple(hooks)
+    for i, hook in enumerate(hooks):
+        if not isinstance(hook, Hook):
+            raise TypeError(
+                f"hooks[{i}] is {hook!r} of type {type(hook).__name__}, not a jaxmon Hook. "
+                "Subclass jm.Hook and override the events you need."
+            )
+        _errors.check_on_error(hook, hook.on_error)
+    return hooks
+
+
+def _check_run_args(args: Any, hook: Hook) -> RunArgs:
+    if not isinstance(args, RunArgs):
+        raise TypeError(f"{hook!r}.before_run returned {args!r}; return jm.RunArgs(...) or None.")
+    if args.feeds is not None and not isinstance(args.feeds, Mapping):
+        raise TypeError(f"{hook!r}.before_run feeds {args.feeds!r}; feeds must be a dict {{key: value}}.")
+    return args

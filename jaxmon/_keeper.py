@@ -1,0 +1,222 @@
+"""The state's life in a session: built, restored, warm-started, recovered, and what a
+checkpoint keeps beside it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxmon import _checkpoint, _errors, _sharding
+from jaxmon._batches import BatchSource
+from jaxmon._hook import Hook
+
+logger = logging.getLogger("jaxmon")
+
+
+class Snapshot(NamedTuple):
+    """What a checkpoint of one step holds: the step, the state, and its metadata
+    (`MonitoredSession.resume_info()`)."""
+
+    step: int
+    state: Any
+    meta: dict[str, Any]
+
+
+class StateKeeper:
+    """Builds the session's state, or restores it with its step, data position and
+    hook states, and says what a checkpoint of it must hold (`resume_info`).
+
+    Args:
+      init_fn: builds a fresh state; None when `state` is given instead.
+      state: the initial state itself (it can be used once: it is donated).
+      placement: a sharded session's `_sharding.Placement`, or None.
+      checkpoint_dir: where to restore from; None: the `checkpoint_dir` of the first
+        hook that has one, if any.
+      warm_start: a checkpoint path or `fn(state) -> state`, applied to fresh states.
+      initial_step: the step number of a fresh state.
+      config: a JSON-serialisable dict saved in every checkpoint's metadata.
+      hooks: the session's hooks, whose states checkpoints keep.
+      batches: the session's data, whose position checkpoints keep.
+      max_recoveries: how many recoverable errors a creation retries.
+    """
+
+    def __init__(self, init_fn: Callable[[], Any] | None, state: Any, *, placement: _sharding.Placement | None,
+                 checkpoint_dir: str | os.PathLike | None, warm_start: Any, initial_step: int,
+                 config: Mapping[str, Any] | None,
+                 hooks: tuple[Hook, ...], batches: BatchSource, max_recoveries: int):
+        self._make_state = init_fn if init_fn is not None else _once(state)
+        self._init_fn = self._make_state
+        if placement is not None:
+            self._init_fn = lambda make=self._make_state, place=placement.place_state: place(make())
+        self._placement = placement
+        self._like = None if state is None or placement is not None else _checkpoint.abstract_like(state)
+        if checkpoint_dir is None:
+            checkpoint_dir = next((hook.checkpoint_dir for hook in hooks if hook.checkpoint_dir is not None), None)
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._warm_start = warm_start
+        self._initial_step = initial_step
+        self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
+        self._hooks, self._batches = hooks, batches
+        self.max_recoveries = max_recoveries
+        #: The step of the checkpoint the session was created from (None: a fresh start).
+        self.restored_step: int | None = None
+        self.warm_start_report: _checkpoint.WarmStartReport | None = None
+        #: Why the current state must not be saved (None: it may be).
+        self.rejected: str | None = None
+
+    def create(self, ready: Callable[[Any, int], None], recovering: BaseException | None = None) -> None:
+        """Restores the latest checkpoint or builds a fresh state and passes it to
+        `ready(state, step)` (which tells the hooks); retries recoverable errors.
+
+        Args:
+          ready: takes the new state and its step number.
+          recovering: the recoverable error that makes the session re-create its
+            state, or None at the session's creation.
+        """
+        for attempt in itertools.count(1):
+            try:
+                ready(*self._restore_or_init(recovering))
+                return
+            except Exception as error:
+                if recovering is not None and isinstance(error, _StateGone):
+                    recovering.add_note(str(error))
+                    raise recovering from None
+                if not _errors.is_recoverable(error) or attempt > self.max_recoveries:
+                    raise
+                logger.warning("Retrying session creation after %r (attempt %d of %d).",
+                               error, attempt, self.max_recoveries)
+
+    def _restore_or_init(self, recovering: BaseException | None) -> tuple[Any, int]:
+        restored = self._restore(recovering)
+        self.rejected, self._batches.rewound = None, False
+        if restored is not None:
+            return self._resume(restored, recovering), restored.step
+        state = self._init_fn()
+        if self._warm_start is not None:
+            state, self.warm_start_report = _checkpoint.warm_start(state, self._warm_start)
+        return state, self._initial_step
+
+    def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
+        if self.checkpoint_dir is None or not _checkpoint.complete_steps(self.checkpoint_dir):
+            return None
+        if recovering is not None:
+            for hook in self._hooks:  # a save in flight is the checkpoint to go back to
+                hook.wait_until_finished()
+        if self._like is None:
+            self._like = (_restore_target(self._init_fn) if self._placement is None
+                          else self._placement.like(jax.eval_shape(self._make_state)))
+        checkpoints = _checkpoint.Checkpoints(self.checkpoint_dir)
+        try:
+            return checkpoints.restore_latest(self._like)
+        finally:
+            checkpoints.close()
+
+    def _resume(self, restored: _checkpoint.Restored, recovering: BaseException | None) -> Any:
+        """Takes a restored checkpoint's data position and (at creation, not in a
+        recovery, where hooks keep their own state as in TF) hook states; returns its
+        state."""
+        self.restored_step = restored.step
+        self._batches.restore(restored.meta.get("data"), restored.step, recovering is not None)
+        if recovering is None:
+            saved = restored.meta.get("hooks") or {}
+            for (key, hook), legacy in zip(_hook_keys(self._hooks), _legacy_hook_keys(self._hooks), strict=True):
+                if key in saved or legacy in saved:
+                    hook.set_state(saved[key] if key in saved else saved[legacy])
+        logger.info("Restored step %d from %s.", restored.step, self.checkpoint_dir)
+        return restored.state
+
+    def reject(self, reason: str) -> None:
+        """Marks the current state, and every later one until the next `create`, as not
+        fit to save; the first reason is kept."""
+        if self.rejected is None:
+            self.rejected = reason
+
+    def snapshot(self, state: Any, step: int, *, sync: Callable[[], None],
+                 agree_all: Callable[[bool], bool]) -> Snapshot | None:
+        """What a checkpoint of `state` at `step` holds, or None (logged) when it must
+        not be saved. `sync()` delivers the late hooks first (a NaN check may reject
+        the state); `agree_all(ok)` makes every JAX process save or none, and a late
+        hook's error is raised once every process knows."""
+        error = None
+        try:
+            sync()
+        except Exception as raised:
+            error = raised
+        if not agree_all(error is None and self.rejected is None):
+            if error is not None:
+                raise error
+            logger.warning("Not saving a checkpoint of step %d: %s.", step,
+                           self.rejected or "another JAX process cannot save it")
+            return None
+        return Snapshot(step, state, self.resume_info(step))
+
+    def resume_info(self, step: int) -> dict[str, Any]:
+        """The metadata a checkpoint of `step` holds (see `MonitoredSession.resume_info`)."""
+        hooks = {}
+        for key, hook in _hook_keys(self._hooks):
+            state = hook.get_state()
+            if state is not None:
+                hooks[key] = state
+        info = {
+            **_checkpoint.versions(),
+            "step": step,
+            "data": self._batches.position(),
+            "hooks": hooks,
+            "config": self._config,
+        }
+        return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
+
+
+def _restore_target(init_fn: Callable[[], Any]) -> Any:
+    """The shapes, dtypes and shardings of the state `init_fn` builds, to restore into.
+
+    `jax.eval_shape` builds nothing, but it loses shardings that `init_fn` sets with
+    `jax.device_put` (those of a jitted `init_fn` with `out_shardings` survive); with
+    several devices and a sharding lost, `init_fn` runs for real, once."""
+    abstract = jax.eval_shape(init_fn)
+    if jax.device_count() > 1 and any(getattr(leaf, "sharding", None) is None for leaf in jax.tree.leaves(abstract)):
+        return _checkpoint.abstract_like(init_fn())
+    return _checkpoint.abstract_like(abstract)
+
+
+def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:
+    """Keys for the hooks' saved states: the class name and which of that class's
+    hooks it is ("StopAtStepHook", "EvalHook#2"). Hooks of other classes added or
+    removed between runs (a chief's standard hooks, a changed setting) shift no key."""
+    seen: dict[str, int] = {}
+    keys = []
+    for hook in hooks:
+        name = type(hook).__name__
+        seen[name] = seen.get(name, 0) + 1
+        keys.append((name if seen[name] == 1 else f"{name}#{seen[name]}", hook))
+    return keys
+
+
+def _legacy_hook_keys(hooks: tuple[Hook, ...]) -> list[str]:
+    """The keys of checkpoints written before `_hook_keys`: position and class name."""
+    return [f"{i}:{type(hook).__name__}" for i, hook in enumerate(hooks)]
+
+
+class _StateGone(RuntimeError):
+    """The state given with `state=` was donated and cannot be re-created."""
+
+
+def _once(state: Any) -> Callable[[], Any]:
+    used = False
+
+    def init_fn() -> Any:
+        nonlocal used
+        if used:
+            raise _StateGone(
+                "The session cannot re-create a state given with state=: pass init_fn= "
+                "(a function returning the initial state) to recover from this error."
+            )
+        used = True
+        return state
+
+    return init_fn
