@@ -39,7 +39,6 @@ class Placement:
         self.mesh = mesh
         self._state_spec = state_sharding
         self._batch_spec = batch_sharding
-        self._batch_shardings: dict[Any, Any] = {}
 
     def _named(self, spec: Any, what: str) -> NamedSharding:
         if not _is_spec(spec):

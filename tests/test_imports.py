@@ -1,0 +1,129 @@
+"""Every jaxmon module imports on its own, and no two modules import each other in a circle."""
+
+import ast
+import importlib
+import pathlib
+
+import jaxmon
+
+PACKAGE = pathlib.Path(jaxmon.__file__).parent
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__main__.py":  # runs the command line when imported
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _packages_of(module: str) -> set[str]:
+    """The jaxmon packages below the top one that importing `module` loads first."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts)) if ".".join(parts[:i]) in MODULES}
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The jaxmon modules `name` imports, at module level or inside functions alike;
+    imports only for type checkers do not count."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def target(module: str) -> str | None:
+        while module and module not in MODULES:
+            module = module.rpartition(".")[0]
+        return module or None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.update(_packages_of(alias.name) | {t for t in [target(alias.name)] if t})
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                t = full if full in MODULES else target(base)
+                if t:
+                    found.add(t)
+            found.update(_packages_of(base))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {t for t in found if t != name and not name.startswith(t + ".")}  # a parent package loads first
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in `graph`, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := walk(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := walk(node)):
+            return found
+    return None
+
+
+def test_no_jaxmon_module_imports_another_in_a_circle():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert len(graph) > 20 and graph["jaxmon._session"], graph  # the graph was read
+    cycle = _cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+CORE = ("jaxmon._session", "jaxmon._events", "jaxmon._batches", "jaxmon._dispatch", "jaxmon._keeper",
+        "jaxmon._preemption", "jaxmon._agree", "jaxmon._hook", "jaxmon._step", "jaxmon._fetches")
+
+
+def test_the_core_knows_no_particular_hook():
+    """The session finds what it needs of hooks through the Hook protocol (`timer`,
+    `checkpoint_dir`, `wait_until_finished`), never by importing a hook."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    seen, todo = set(), list(CORE)
+    while todo:  # everything the core loads, directly or not
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    assert not {name for name in seen if name.startswith("jaxmon.hooks")}, sorted(seen)
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_every_module_imports():
+    for name in MODULES:
+        assert importlib.import_module(name).__name__ == name
