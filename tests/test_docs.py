@@ -246,3 +246,12 @@ def test_the_spelled_out_monitored_session_script_does_the_same(tmp_path):
     result = run_script(code, tmp_path)
     assert result.stdout == expected == "stopped at step 1000\n"
     check_trained(tmp_path / "runs" / "linear", result.stderr)
+
+
+def test_the_architecture_page_names_every_module_and_only_real_ones():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`(_[a-z_]+\.py)`", page))
+    modules = {path.name for path in (ROOT / "jaxmon").glob("_*.py") if path.name not in ("__init__.py", "__main__.py")}
+    assert named - modules == set(), "named but missing"
+    assert modules - named == set(), "not on the page"
+    assert "docs/architecture.md" in (ROOT / "README.md").read_text()

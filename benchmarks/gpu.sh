@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs a benchmark with JAX on a GPU machine whose Python has jax (CUDA), flax, optax and
+# orbax but may lack pure-Python packages and the network: wheels carried in .wheels/
+# (tensorboardX: `.venv/bin/pip download --no-deps -d .wheels tensorboardX`) are installed
+# from there first.
+#
+# Usage: bash benchmarks/gpu.sh [SCRIPT [ARGS...]]   (default: benchmarks/core_overhead.py)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".wheels/*.whl" >/dev/null; then
+  python3 -m pip install --quiet --no-index --no-deps .wheels/*.whl
+fi
+python3 -c 'import jax, tensorboardX, yaml; print("devices:", jax.devices(), "jax", jax.__version__, file=__import__("sys").stderr)'
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$#" -eq 0 ]; then set -- benchmarks/core_overhead.py; fi
+exec python3 "$@"
