@@ -26,6 +26,8 @@ class Requests:
         list in `now` or `late`, whose `results` the run fills in.
     """
 
+    __slots__ = ("now", "late", "asking")
+
     def __init__(self):
         self.now: list[list] = []
         self.late: list[list] = []
@@ -92,16 +94,17 @@ class HookEvents:
         return requests
 
     def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
-                  fetched: list[tuple[list, Any]]) -> Any:
+                  fetching: list[list], results: list[Any]) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
         this run's other `after_run`s; returns the caller's fetches on the host. One
-        host read serves the caller and every hook that reads now."""
-        for entry, results in fetched:
-            entry[1] = results
+        host read serves the caller and every hook that reads now. `results` are the
+        values of the hooks whose entries are `fetching`, in that order."""
+        for entry, hook_results in zip(fetching, results, strict=True):
+            entry[1] = hook_results
         self.deliver_late()  # the previous run's: the device already has this one queued
         if requests.late:
             self._late.append((ctx, step, outputs, requests.late))
-        if caller is not None or (fetched and any(entry[1] is not None for entry in requests.now)):
+        if caller is not None or (fetching and any(entry[1] is not None for entry in requests.now)):
             caller, host = to_host((caller, [entry[1] for entry in requests.now]))
             for entry, results in zip(requests.now, host, strict=True):
                 entry[1] = results

@@ -188,8 +188,7 @@ class MonitoredSession:
         if self._preemption.poll(self._step):
             self._stop_requested = True
         caller, *results = plan.route(outputs, fetched)
-        results = list(zip(fetching, results, strict=True))
-        caller = self._events.after_run(ctx, self._step, outputs, requests, caller, results)
+        caller = self._events.after_run(ctx, self._step, outputs, requests, caller, fetching, results)
         return outputs if caller is None else caller
 
     def _check_can_run(self) -> None:
