@@ -101,7 +101,8 @@ class HookEvents:
         values of the hooks whose entries are `fetching`, in that order."""
         for entry, hook_results in zip(fetching, results, strict=True):
             entry[1] = hook_results
-        self.deliver_late()  # the previous run's: the device already has this one queued
+        if self._late:
+            self.deliver_late()  # the previous run's: the device already has this one queued
         if requests.late:
             self._late.append((ctx, step, outputs, requests.late))
         if caller is not None or (fetching and any(entry[1] is not None for entry in requests.now)):

@@ -60,9 +60,13 @@ class FetchPlan:
         self.key: tuple[Callable[..., Any], ...] = tuple(
             sorted((spec for spec in self.owners if not isinstance(spec, str)), key=hash)
         )
+        # Nobody asked anything (most runs): the same answer every time, made once.
+        self._nothing = [None] * len(requests) if all(r is None for _, r in requests) else None
 
     def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> list[dict[str, Any] | None]:
         """One result dict (device values) per requester, None for those that asked none."""
+        if self._nothing is not None:
+            return self._nothing
         if not self.owners:  # the common case: nobody fetches
             return [None if request is None else {} for _, request in self._requests]
         values = dict(zip(self.key, fetched, strict=True))

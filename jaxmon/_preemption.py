@@ -29,7 +29,8 @@ class Preemption:
 
     def __init__(self, *, handle_sigterm: bool, several_processes: bool):
         self.requested = False
-        self._polling = several_processes
+        #: Whether `poll` asks JAX's preemption service (several processes, service on).
+        self.polling = several_processes
         self._sigterm = None
         if handle_sigterm and not several_processes:
             self._sigterm = _SigtermHandler(on_first=self.request, requested=lambda: self.requested)
@@ -41,16 +42,15 @@ class Preemption:
                            "stopping; a second SIGTERM exits at once.")
         self.requested = True
 
-    def poll(self, step: int) -> bool:
-        """After the run that completed `step`: whether a stop for preemption is due."""
-        if self._polling:
-            try:
-                if multihost_utils.reached_preemption_sync_point(step):
-                    self.request()
-            except RuntimeError as error:  # the service is off: nothing to poll
-                logger.warning("Not polling JAX's preemption sync point: %s", error)
-                self._polling = False
-        return self.requested
+    def poll(self, step: int) -> None:
+        """After the run that completed `step`, with several processes: asks JAX's
+        preemption service whether every process reached the step to stop at."""
+        try:
+            if multihost_utils.reached_preemption_sync_point(step):
+                self.request()
+        except RuntimeError as error:  # the service is off: nothing to poll
+            logger.warning("Not polling JAX's preemption sync point: %s", error)
+            self.polling = False
 
     def uninstall(self) -> None:
         """Gives SIGTERM back to the handler that was there before."""

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from jaxmon import _agree, _errors, _fetches, _sharding
-from jaxmon._batches import BatchSource, as_run
+from jaxmon._batches import BatchSource, Steps, as_run
 from jaxmon._checkpoint import WarmStartReport
 from jaxmon._dispatch import Dispatch
 from jaxmon._events import HookEvents
@@ -85,10 +85,9 @@ class MonitoredSession:
         per fetch set. Hooks see one `before_run` / `after_run` per run (`ctx.steps`
         steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
         triggers fire at run ends. One process, no mesh.
-      max_dispatch_ahead: at most this many steps queued without waiting for one.
-        "auto": 16 when several CPU devices run the step (XLA aborts when ~50
-        programs with collectives queue up on simulated CPU devices), else None (no
-        bound).
+      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto":
+        16 when several CPU devices run the step (XLA aborts when ~50 programs with
+        collectives queue up on simulated CPU devices), else None (no bound).
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -179,13 +178,15 @@ class MonitoredSession:
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: `before_run`s, one dispatch, `after_run`s (the late ones a run later)."""
-        length, batch = as_run(batch, self.steps_per_dispatch)
+        length, batch = as_run(batch, self.steps_per_dispatch) if isinstance(batch, (list, Steps)) else (1, batch)
         ctx = RunContext(self._step, self, RunArgs(fetches, batch), steps=length)
         requests = self._events.before_run(ctx)
         batch, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
         self._state, outputs, fetched = self._dispatch(self._state, batch, plan, length, self._step)
         self._step += length
-        if self._preemption.poll(self._step):
+        if self._preemption.polling:  # several processes: JAX's preemption service
+            self._preemption.poll(self._step)
+        if self._preemption.requested:
             self._stop_requested = True
         caller, *results = plan.route(outputs, fetched)
         caller = self._events.after_run(ctx, self._step, outputs, requests, caller, fetching, results)
@@ -250,8 +251,7 @@ class MonitoredSession:
         return self._agreed is not None and self._agreed.peer_lost
 
     def should_stop(self) -> bool:
-        """True once a stop was requested, data ended, the process got SIGTERM, or the
-        session closed."""
+        """True once a stop was requested, data ended, SIGTERM came, or the session closed."""
         stop = self._stop_requested if self._agreed is None else self._agreed.stopped
         return stop or self._preemption.requested or self._closed
 
@@ -269,8 +269,7 @@ class MonitoredSession:
         self._preemption.request()
 
     def close(self) -> None:
-        """Ends the session: pending late results, every hook's `end`, then every hook's
-        `close`, in list order. A second call does nothing."""
+        """Ends the session: late results, every hook's `end`, then every `close`; once."""
         self._close(clean=True)
 
     def _close(self, clean: bool) -> None:

@@ -127,3 +127,11 @@ def test_the_cycle_finder_finds_a_circle():
 def test_every_module_imports():
     for name in MODULES:
         assert importlib.import_module(name).__name__ == name
+
+
+def test_modules_stay_small_and_the_session_class_fits_on_a_few_screens():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert max(sizes.values()) <= 500, {name: n for name, n in sizes.items() if n > 500}
+    tree = ast.parse(MODULES["jaxmon._session"].read_text())
+    [session] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "MonitoredSession"]
+    assert session.end_lineno - session.lineno + 1 <= 300
