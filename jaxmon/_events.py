@@ -99,8 +99,9 @@ class HookEvents:
         this run's other `after_run`s; returns the caller's fetches on the host. One
         host read serves the caller and every hook that reads now. `results` are the
         values of the hooks whose entries are `fetching`, in that order."""
-        for entry, hook_results in zip(fetching, results, strict=True):
-            entry[1] = hook_results
+        if fetching:
+            for entry, hook_results in zip(fetching, results, strict=True):
+                entry[1] = hook_results
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if requests.late:
