@@ -85,8 +85,8 @@ class Dispatch:
         return state, outputs, fetched
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
-        """Waits for the run `max_dispatch_ahead` runs back, so that no more than that
-        many runs are ever queued on the device."""
+        """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
+        many steps are ever queued on the device."""
         marker = next(iter(jax.tree.leaves(outputs)), None)
         if marker is None:  # nothing to wait on but the state, which the next run donates
             if (step + 1) % self.max_dispatch_ahead == 0:
