@@ -53,18 +53,21 @@ class HookEvents:
         self._failures: dict[int, int] = {}
 
     def begin(self, step: int) -> None:
-        for hook in self.hooks:
-            try:
-                hook.begin()
-            except Exception as error:
-                self.failed(hook, "begin", step, error)
+        self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
+        self._each("after_create_session", session.step, session)
+
+    def end(self, session: Any) -> None:
+        self._each("end", session.step, session)
+
+    def _each(self, event: str, step: int, *args: Any) -> None:
+        """Calls `event(*args)` of every hook in list order, under its error policy."""
         for hook in self.hooks:
             try:
-                hook.after_create_session(session)
+                getattr(hook, event)(*args)
             except Exception as error:
-                self.failed(hook, "after_create_session", session.step, error)
+                self.failed(hook, event, step, error)
 
     def steps_to_next_trigger(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on."""
@@ -131,13 +134,6 @@ class HookEvents:
                 self.failed(hook, "after_run", step, error)
         if ctx.stop_requested:
             self._request_stop()
-
-    def end(self, session: Any) -> None:
-        for hook in self.hooks:
-            try:
-                hook.end(session)
-            except Exception as error:
-                self.failed(hook, "end", session.step, error)
 
     def close(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""
