@@ -1,5 +1,7 @@
 """StopAtStepHook end to end (reference checklist E, items 52-57)."""
 
+import logging
+
 import pytest
 from helpers import count_step, zero
 
@@ -76,3 +78,51 @@ def test_no_step_counter_is_needed_in_the_state():  # item 57, as it maps to JAX
 def test_a_session_already_past_last_step_runs_nothing():
     sess = jm.MonitoredSession(count_step, zero, initial_step=5, hooks=[jm.StopAtStepHook(last_step=5)])
     assert sess.should_stop()
+
+
+def train_until(directory, hook, steps=None):
+    """A session that checkpoints `directory` every step; runs `steps` runs (None: until
+    it stops), then closes (saving its last step). Returns the step it ended at."""
+    with jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(directory, save_steps=1), hook]) as sess:
+        for _ in range(10**6 if steps is None else steps):
+            if sess.should_stop():
+                break
+            sess.run()
+    return sess.step
+
+
+def test_a_restart_with_the_same_num_steps_keeps_the_first_runs_target(tmp_path):
+    # A job preempted at step 3 of num_steps=6, restarted with the same config, ends at 6, not 9.
+    assert train_until(tmp_path, jm.StopAtStepHook(num_steps=6), steps=3) == 3
+    hook = jm.StopAtStepHook(num_steps=6)
+    assert train_until(tmp_path, hook) == 6 and hook.last_step == 6
+    again = jm.StopAtStepHook(num_steps=6)
+    assert train_until(tmp_path, again) == 6 and again.last_step == 6  # already there: runs nothing
+
+
+def test_a_restart_with_another_num_steps_counts_from_the_restored_step_and_says_so(tmp_path, caplog):
+    assert train_until(tmp_path, jm.StopAtStepHook(num_steps=6), steps=3) == 3
+    hook = jm.StopAtStepHook(num_steps=4)
+    with caplog.at_level(logging.INFO, logger="jaxmon"):
+        assert train_until(tmp_path, hook) == 7
+    assert hook.last_step == 7
+    [line] = [r.getMessage() for r in caplog.records if "StopAtStepHook(num_steps=4)" in r.getMessage()]
+    assert "restored step 3" in line and "stops at step 7" in line
+
+
+def test_a_recovery_keeps_the_target_whatever_the_step(tmp_path):
+    failures = iter([jm.AbortedError("preempted worker")])
+
+    class FailOnce(jm.Hook):
+        def after_run(self, ctx, values):
+            if values.step == 4:
+                error = next(failures, None)
+                if error is not None:
+                    raise error
+
+    hook = jm.StopAtStepHook(num_steps=6)
+    with jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(tmp_path, save_steps=2), hook,
+                                                      FailOnce()]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 6 and hook.last_step == 6

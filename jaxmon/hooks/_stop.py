@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+
 from jaxmon._errors import check_int
 from jaxmon._hook import Hook, RunContext, RunValues
+
+logger = logging.getLogger("jaxmon")
 
 
 class StopAtStepHook(Hook):
     """Requests a stop once the step number reaches `last_step` (inclusive).
 
-    Give exactly one of `num_steps` (counted from the step the session starts at,
-    fixed at the first session creation, kept across recoveries) or `last_step`.
-    A session that starts at or past `last_step` is stopped before its first run.
+    Give exactly one of `num_steps` or `last_step`. `num_steps` counts from the step
+    at which the run first started: the target is fixed at the first session
+    creation and kept across recoveries, and a session restored from a checkpoint of
+    the same run with the same `num_steps` keeps it (a preempted job ends where it was
+    meant to). A different `num_steps` counts from the restored step, and the new
+    target is logged. A session that starts at or past `last_step` is stopped before
+    its first run.
 
     Example:
       >>> import jaxmon as jm
@@ -39,14 +47,20 @@ class StopAtStepHook(Hook):
     def after_create_session(self, session) -> None:
         if self._last_step is None:
             self._last_step = session.step + self._num_steps
+            if session.restored_step is not None:
+                logger.info("StopAtStepHook(num_steps=%d) counts from the restored step %d (the checkpoint's run "
+                            "had another num_steps, or none): training stops at step %d.", self._num_steps,
+                            session.step, self._last_step)
         if session.step >= self._last_step:
             session.request_stop()
 
     def get_state(self) -> dict[str, int | None]:
-        return {"last_step": self._last_step}
+        return {"last_step": self._last_step, "num_steps": self._num_steps}
 
     def set_state(self, state: dict[str, int | None]) -> None:
-        if self._num_steps is not None:  # the run being resumed fixed it at its start
+        # The run being resumed fixed its target at its start; the same num_steps (or a
+        # checkpoint that did not record it) keeps that target, a new one counts afresh.
+        if self._num_steps is not None and state.get("num_steps", self._num_steps) == self._num_steps:
             self._last_step = state["last_step"]
 
     def steps_to_next_trigger(self, step: int) -> int | None:
