@@ -55,6 +55,8 @@ class StopAtStepHook(Hook):
             session.request_stop()
 
     def get_state(self) -> dict[str, int | None]:
+        if self._num_steps is None:
+            return {"last_step": self._last_step}
         return {"last_step": self._last_step, "num_steps": self._num_steps}
 
     def set_state(self, state: dict[str, int | None]) -> None:
