@@ -55,22 +55,24 @@ class Dispatch:
              length: int) -> tuple[Any, _fetches.FetchPlan, list[list]]:
         """The batch with the hooks' feeds merged in, the run's fetch plan, and the
         entries (of `requests`) of the hooks that fetch, in the plan's order."""
-        if not requests.asking:
-            plan = _NOTHING_FETCHED if wanted is None else _fetches.FetchPlan([("run(fetches=...)", wanted)])
-            return batch, plan, []
-        feeds = [(entry[0], args.feeds) for entry, args in requests.asking if args.feeds]
-        if length > 1:  # one value for every step of the run
-            feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
-                     for hook, f in feeds]
-        batch = merge_feeds(batch, feeds)
-        fetching = [(entry, _fetches.normalize(args.fetches, entry[0]))
-                    for entry, args in requests.asking if args.fetches is not None]
-        plan = _NOTHING_FETCHED
-        if fetching:
-            plan = _fetches.FetchPlan([("run(fetches=...)", wanted)] + [(e[0], spec) for e, spec in fetching])
+        fetching, specs = [], []  # the entries of the hooks that fetch, and (hook, fetches) of each
+        if requests.asking:
+            feeds = [(entry[0], args.feeds) for entry, args in requests.asking if args.feeds]
+            if length > 1:  # one value for every step of the run
+                feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
+                         for hook, f in feeds]
+            batch = merge_feeds(batch, feeds)
+            for entry, args in requests.asking:
+                if args.fetches is not None:
+                    fetching.append(entry)
+                    specs.append((entry[0], _fetches.normalize(args.fetches, entry[0])))
+        if specs:
+            plan = _fetches.FetchPlan([("run(fetches=...)", wanted), *specs])
         elif wanted is not None:
             plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
-        return batch, plan, [entry for entry, _ in fetching]
+        else:
+            plan = _NOTHING_FETCHED
+        return batch, plan, fetching
 
     def __call__(self, state: Any, batch: Any, plan: _fetches.FetchPlan, length: int,
                  step: int) -> tuple[Any, Any, tuple]:
