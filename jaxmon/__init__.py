@@ -17,6 +17,7 @@ from jaxmon._hook import (
     SessionRunHook,
     SessionRunValues,
 )
+from jaxmon._monitors import FirstNonFinite, Mean, Reduction
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
 from jaxmon._summary import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
@@ -58,6 +59,7 @@ __all__ = [
     "EvalHook",
     "FeedFnHook",
     "FinalOpsHook",
+    "FirstNonFinite",
     "GlobalStepWaiterHook",
     "Histogram",
     "Hook",
@@ -65,6 +67,7 @@ __all__ = [
     "JsonlWriter",
     "LoggingHook",
     "LoggingTensorHook",
+    "Mean",
     "MonitoredSession",
     "MonitoredTrainingSession",
     "MultiWriter",
@@ -76,6 +79,7 @@ __all__ = [
     "PeriodicHook",
     "ProfilerHook",
     "ProgressBarHook",
+    "Reduction",
     "Restored",
     "RunArgs",
     "RunContext",

@@ -28,13 +28,20 @@ class BatchSource:
       steps_per_dispatch: the most steps one run takes.
       run_limit: `run_limit(step, limit)`: `limit` cut to the next step a hook needs
         a run to end on.
+      prefetch: with one step per run, keep this many batches taken ahead with their
+        host arrays already on their way to the device (`jax.device_put` returns at
+        once, as flax's `prefetch_to_device`), so that the copy overlaps the steps
+        before; 0 takes each batch when its run starts.
     """
 
-    def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int]):
+    def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
+                 prefetch: int = 0):
         self._data = None if data is None else iter(data)
         self._steps_per_dispatch = steps_per_dispatch
+        self._prefetch = prefetch if steps_per_dispatch == 1 else 0
         self._run_limit = run_limit
         self._buffer: collections.deque = collections.deque()  # (batch, data position before it)
+        self._deferred: BaseException | None = None  # what taking a batch ahead raised
         #: True once a restore set the data back: a batch in hand is past that position.
         self.rewound = False
 
@@ -46,7 +53,15 @@ class BatchSource:
         """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
         next trigger after `step` allows (a power of two)."""
         if self._steps_per_dispatch == 1:
-            return next(self._data)
+            if not self._prefetch:
+                return next(self._data)
+            batch = self.next_one()
+            while len(self._buffer) < self._prefetch and self._deferred is None:
+                try:
+                    self._take_ahead()
+                except (Exception, StopIteration) as error:  # raised when that batch is due, not now
+                    self._deferred = error
+            return batch
         length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
         while len(self._buffer) < length:
             try:
@@ -60,7 +75,12 @@ class BatchSource:
 
     def next_one(self) -> Any:
         """The next single batch, the one taken ahead first if there is one."""
-        return self._buffer.popleft()[0] if self._buffer else next(self._data)
+        if self._buffer:
+            return self._buffer.popleft()[0]
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        return self._take()
 
     def take_ahead(self) -> bool:
         """Takes the next batch ahead; False when the data has ended."""
@@ -72,11 +92,27 @@ class BatchSource:
 
     def _take_ahead(self) -> None:
         position = self._get_state()
-        self._buffer.append((next(self._data), position))
+        self._buffer.append((self._take(), position))
+
+    def _take(self) -> Any:
+        """The data's next batch; with `prefetch`, its host arrays on their way to the device."""
+        batch = next(self._data)
+        if self._prefetch and any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
+            batch = jax.device_put(batch)
+        return batch
 
     def _get_state(self) -> Any:
         get_state = getattr(self._data, "get_state", None)
         return get_state() if callable(get_state) else None
+
+    def give_back(self) -> None:
+        """Sets the data back to the first batch taken ahead but not run (when its
+        iterator has `set_state`), so that the iterator carries on from there after
+        the session; an iterator without it has lost those batches."""
+        if self._buffer and hasattr(self._data, "set_state"):
+            self._data.set_state(self._buffer[0][1])
+            self._buffer.clear()
+            self._deferred = None
 
     def position(self) -> Any:
         """The data position before the next batch to run (None when the iterator has
@@ -89,6 +125,7 @@ class BatchSource:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(position)
                 self._buffer.clear()
+                self._deferred = None
                 self.rewound = True
             else:
                 logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "

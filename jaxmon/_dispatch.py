@@ -13,6 +13,7 @@ import numpy as np
 from jaxmon import _errors, _fetches, _sharding
 from jaxmon._events import Requests
 from jaxmon._hook import Hook
+from jaxmon._monitors import Monitors
 from jaxmon._step import CompiledStep
 
 _NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
@@ -27,15 +28,17 @@ class Dispatch:
       placement: a sharded session's `_sharding.Placement`, or None.
       max_dispatch_ahead: the most steps queued without waiting for one, None for no
         bound, or "auto" (see `_sharding.dispatch_ahead_default`).
+      monitors: the hooks' accumulators, updated inside every step (see `Monitors`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
-                 max_dispatch_ahead: int | None | str):
+                 max_dispatch_ahead: int | None | str, monitors: Monitors | None = None):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
             _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
         self._compiled = CompiledStep(step_fn, donate_state=donate_state)
+        self._monitors = self._compiled.monitors = monitors if monitors is not None and monitors.active else None
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
@@ -80,7 +83,15 @@ class Dispatch:
         outputs, fetched)`."""
         if self._placement is not None:
             batch = self._placement.place_batch(batch)
-        state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length)
+        monitors = self._monitors
+        if monitors is None:
+            state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length)
+        else:
+            if monitors.carry is None:  # the first run since the state was created
+                monitors.prepare(self._compiled.step_fn, state, batch, length,
+                                 None if self._placement is None else self._placement.replicated)
+            state, outputs, fetched, monitors.carry = self._compiled(plan.key, state, batch, plan.owners, length,
+                                                                     monitors.carry)
         if self.max_dispatch_ahead is not None:
             self._bound(state, outputs, step)
         self.last_run, self._last_length = (batch, outputs), length

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from jaxmon import _errors
+from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 
 logger = logging.getLogger("jaxmon")
@@ -24,14 +25,19 @@ class Requests:
       late: the same for those asking for late delivery (`RunArgs.late`).
       asking: `(entry, args)` of the hooks that fetch or feed; `entry` is the hook's
         list in `now` or `late`, whose `results` the run fills in.
+      reading: the entries of the hooks that read their accumulators at this run.
+
+    An entry is `[hook, results, read]`: `read` is the run's `_monitors.Read` for a
+    hook that reads, else None.
     """
 
-    __slots__ = ("now", "late", "asking")
+    __slots__ = ("now", "late", "asking", "reading")
 
     def __init__(self):
         self.now: list[list] = []
         self.late: list[list] = []
         self.asking: list[tuple[list, RunArgs]] = []
+        self.reading: list[list] = []
 
 
 class HookEvents:
@@ -87,13 +93,15 @@ class HookEvents:
             except Exception as error:
                 self.failed(hook, "before_run", ctx.step, error)  # a warn-policy hook sits out
                 continue
-            entry = [hook, None]
+            entry = [hook, None, None]
             if args is None:
                 requests.now.append(entry)
                 continue
             (requests.late if args.late else requests.now).append(entry)
             if args.fetches is not None or args.feeds:
                 requests.asking.append((entry, args))
+            if args.read:
+                requests.reading.append(entry)
         return requests
 
     def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
@@ -122,18 +130,30 @@ class HookEvents:
             ctx, step, outputs, entries = self._late.popleft()
             if any(entry[1] is not None for entry in entries):
                 host = to_host([entry[1] for entry in entries])
-                entries = [[entry[0], r] for entry, r in zip(entries, host, strict=True)]
+                entries = [[entry[0], r, entry[2]] for entry, r in zip(entries, host, strict=True)]
             self._call_after_run(ctx, step, outputs, entries)
 
     def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
         plain = RunValues(None, step, outputs)
-        for hook, results in entries:
+        for hook, results, read in entries:
+            accumulated = None if read is None else read.values(hook)  # every hook's after_read first
             try:
-                hook.after_run(ctx, plain if results is None else RunValues(results, step, outputs))
+                if results is None and accumulated is None:
+                    hook.after_run(ctx, plain)
+                else:
+                    hook.after_run(ctx, RunValues(results, step, outputs, accumulated))
             except Exception as error:
                 self.failed(hook, "after_run", step, error)
         if ctx.stop_requested:
             self._request_stop()
+
+    def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
+        """Every `after_read` of one read of the accumulators, in list order."""
+        for hook, hook_values in values:
+            try:
+                hook.after_read(step, hook_values)
+            except Exception as error:
+                self.failed(hook, "after_read", step, error)
 
     def close(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""
@@ -155,7 +175,7 @@ class HookEvents:
         unless the hook's policy is to warn and the error is not control flow."""
         if isinstance(error, StopIteration):
             raise error
-        if hook.on_error != "warn" or _errors.is_recoverable(error):
+        if hook.on_error != "warn" or _errors.is_recoverable(error) or isinstance(error, NanLossDuringTrainingError):
             error.add_note(f"(raised in {hook!r}.{event} at step {step})")
             raise error
         count = self._failures[id(hook)] = self._failures.get(id(hook), 0) + 1

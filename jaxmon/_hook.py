@@ -32,11 +32,15 @@ class RunArgs(NamedTuple):
         own `before_run` of the next run. Use it for observation (logging,
         summaries, NaN checks); leave it False where a decision must be taken on
         the exact step.
+      read: read this hook's `accumulators` after this run (one asynchronous copy
+        for every hook that reads at this run) and deliver them in
+        `RunValues.accumulated`; each accumulator that `restarts` starts afresh.
     """
 
     fetches: Fetches = None
     feeds: Mapping[str, Any] | None = None
     late: bool = False
+    read: bool = False
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -81,11 +85,14 @@ class RunValues(NamedTuple):
       step: the step number after this run.
       outputs: the step's outputs as device arrays, unread (reading one, e.g. with
         `np.asarray`, waits for the step; in a late `after_run` it is done already).
+      accumulated: the hook's `accumulators` as host values `{name: result}` when it
+        asked to `read` at this run, else None.
     """
 
     results: dict[str, Any] | None
     step: int
     outputs: Mapping[str, Any] = types.MappingProxyType({})
+    accumulated: dict[str, Any] | None = None
 
 
 class Hook:
@@ -157,6 +164,19 @@ class Hook:
     #: seconds. The session reads it through the methods above, and with several JAX
     #: processes makes it read the agreed clock (`SecondOrStepTimer.use_clock`).
     timer: SecondOrStepTimer | None = None
+
+    #: Reductions over every step's values that the session computes on the device,
+    #: inside the compiled step (each step of a multi-step run too), and keeps between
+    #: runs outside the state: `{name: jm.Mean("loss")}` (see `jm.Reduction`). Set it
+    #: in `__init__`. Nothing is read on the host until a run whose `before_run`
+    #: returns `RunArgs(read=True)`, a checkpoint save, `sync()` or `close()`: at every
+    #: such read, `after_read` gets the values.
+    accumulators: Mapping[str, Any] = types.MappingProxyType({})
+
+    def after_read(self, step: int, values: dict[str, Any]) -> None:
+        """Called at every read of the accumulators (any hook's, a save's, `sync()`'s,
+        `close()`'s) with this hook's `{name: result}` after `step`, before the
+        `after_run` that delivers them to the hooks that asked."""
 
     #: The directory this hook writes checkpoints to, if it does: a session given no
     #: `checkpoint_dir` restores from the first hook's.

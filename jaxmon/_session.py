@@ -24,6 +24,7 @@ from jaxmon._dispatch import Dispatch
 from jaxmon._events import HookEvents
 from jaxmon._hook import Hook, RunArgs, RunContext
 from jaxmon._keeper import Snapshot, StateKeeper
+from jaxmon._monitors import Monitors
 from jaxmon._preemption import Preemption
 
 logger = logging.getLogger("jaxmon")
@@ -33,10 +34,9 @@ class MonitoredSession:
     """Runs a step function with hooks: TF 1.x's `MonitoredSession`, made for JAX.
 
     The state (any pytree) flows through `step_fn(state, batch) -> (new_state,
-    outputs)`, which the session jits (state donated by default). Each `run()` calls
-    every hook's `before_run`, dispatches ONE compiled step that also computes every
-    value the hooks and the caller fetched, then calls every `after_run`. A run in
-    which nobody fetches anything never waits for the device.
+    outputs)`, jitted with the state donated. Each `run()` calls every `before_run`,
+    dispatches ONE compiled step that also computes what hooks and caller fetch, then
+    every `after_run`. A run in which nobody reads anything never waits for the device.
 
     Args:
       step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable;
@@ -61,17 +61,14 @@ class MonitoredSession:
         state with `params` (`jm.TrainState`), `opt_state`, `step` and `rng` start
         fresh, as in TF's warm start.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
-      stop_grace_period_secs: the longest `close()` (and a save on SIGTERM) may wait
-        for pending checkpoint writes.
-      handle_sigterm: on SIGTERM (in a session built in the main thread), stop at the
-        next step boundary once a `CheckpointSaverHook` saved it; a second SIGTERM
-        kills. With several JAX processes, JAX's preemption service handles SIGTERM
-        and all stop at the step they agreed on (`jax_enable_preemption_service`).
+      stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
+      handle_sigterm: on SIGTERM (to a session built in the main thread), save at the
+        next step boundary and stop; a second SIGTERM kills. With several processes,
+        JAX's preemption service agrees on that step (`jax_enable_preemption_service`).
       mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with
-        `state_sharding` (donation still applies); each batch is assembled into a
-        global array with `batch_sharding` from this process's part of it
-        (`jax.make_array_from_process_local_data`). Checkpoints restore onto the
-        current mesh, whatever the device count was when they were saved.
+        `state_sharding` (donated still); each batch is assembled with `batch_sharding`
+        from this process's part (`jax.make_array_from_process_local_data`).
+        Checkpoints restore onto the current mesh, whatever mesh saved them.
       state_sharding: None (replicated), a `PartitionSpec` for every leaf, a pytree of
         them that is a prefix of the state (`{"params": P(), "opt": P()}`), or a
         function `abstract_state -> such a pytree`.
@@ -86,8 +83,10 @@ class MonitoredSession:
         steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
         triggers fire at run ends. One process, no mesh.
       max_dispatch_ahead: at most this many steps queued without waiting for one. "auto":
-        16 when several CPU devices run the step (XLA aborts when ~50 programs with
-        collectives queue up on simulated CPU devices), else None (no bound).
+        16 on several CPU devices (XLA aborts when ~50 programs with collectives queue
+        up there), else None (no bound).
+      prefetch: with one step per run and no mesh, how many batches of `data` are taken
+        ahead and sent to the device while earlier steps run (0: none).
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -110,16 +109,18 @@ class MonitoredSession:
                  config: Mapping[str, Any] | None = None, stop_grace_period_secs: float = 120,
                  handle_sigterm: bool = True, mesh: jax.sharding.Mesh | None = None, state_sharding: Any = None,
                  batch_sharding: Any = None, max_dispatch_ahead: int | None | str = "auto",
-                 steps_per_dispatch: int = 1):
+                 steps_per_dispatch: int = 1, prefetch: int = 2):
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                         state_sharding, batch_sharding, steps_per_dispatch)
+                         state_sharding, batch_sharding, steps_per_dispatch, prefetch)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
+        self._events = HookEvents(hooks, request_stop=self.request_stop)
+        self._monitors = Monitors(self.hooks, on_read=self._events.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
-                                  max_dispatch_ahead=max_dispatch_ahead)
+                                  max_dispatch_ahead=max_dispatch_ahead, monitors=self._monitors)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
-        self._events = HookEvents(hooks, request_stop=self.request_stop)
-        self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger)
+        self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger,
+                                    prefetch=0 if placement or jax.process_count() > 1 else prefetch)
         self._keeper = StateKeeper(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                    warm_start=warm_start, initial_step=initial_step, config=config,
                                    hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
@@ -146,8 +147,7 @@ class MonitoredSession:
           fetches: values to return as host NumPy (see `RunArgs.fetches`).
 
         Returns:
-          The step's `outputs` as device arrays (no host sync) when `fetches` is None,
-          else a dict of host values for the fetches.
+          The step's `outputs` (device arrays, no host sync), or the fetches on the host.
 
         Raises:
           RuntimeError: the session was asked to stop, or is closed.
@@ -188,6 +188,7 @@ class MonitoredSession:
             self._preemption.poll(self._step)
         if self._preemption.requested:
             self._stop_requested = True
+        self._monitors.read_for(self._step, requests.reading)
         caller, *results = plan.route(outputs, fetched)
         caller = self._events.after_run(ctx, self._step, outputs, requests, caller, fetching, results)
         return outputs if caller is None else caller
@@ -204,12 +205,15 @@ class MonitoredSession:
         self._state, self._step = state, step
         self.restored_step, self.warm_start_report = self._keeper.restored_step, self._keeper.warm_start_report
         self._dispatch.keep_on_mesh(state)
+        self._monitors.start(step)
         self._events.after_create_session(self)
 
     def sync(self) -> None:
-        """Delivers every pending late `after_run` now (see `RunArgs.late`), waiting for
-        the device only as long as reading those values needs."""
+        """Delivers every pending late `after_run` now (see `RunArgs.late`) and reads the
+        hooks' accumulators (every `after_read`), waiting for the device only as long
+        as reading those values needs."""
         self._events.deliver_late()
+        self._monitors.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
         """`fetches` (as `RunArgs.fetches`) on the current state and the last run's batch
@@ -219,10 +223,9 @@ class MonitoredSession:
         return self._dispatch.fetch(self._state, fetches)
 
     def snapshot(self) -> Snapshot | None:
-        """What a checkpoint of the current step holds, or None when it must not be
-        saved (logged); savers call it at their save points. Late hooks are delivered
-        first, so a NaN check has passed on the state; with several JAX processes all
-        save or none does."""
+        """What a checkpoint of the current step holds, or None (logged) when it must not
+        be saved. It syncs first (a NaN check passes on the state); with several JAX
+        processes all save or none does."""
         return self._keeper.snapshot(self._state, self._step, sync=self.sync, agree_all=self.agree_all)
 
     def resume_info(self) -> dict[str, Any]:
@@ -246,8 +249,7 @@ class MonitoredSession:
         return self._keeper.rejected
 
     @property
-    def peer_lost(self) -> bool:
-        """True once another JAX process of the run stopped answering."""
+    def peer_lost(self) -> bool:  # True once another JAX process of the run stopped answering
         return self._agreed is not None and self._agreed.peer_lost
 
     def should_stop(self) -> bool:
@@ -269,7 +271,7 @@ class MonitoredSession:
         self._preemption.request()
 
     def close(self) -> None:
-        """Ends the session: late results, every hook's `end`, then every `close`; once."""
+        """Ends the session, once: `sync()`, every hook's `end`, then every `close`."""
         self._close(clean=True)
 
     def _close(self, clean: bool) -> None:
@@ -279,12 +281,13 @@ class MonitoredSession:
         self._preemption.uninstall()
         try:
             if clean:
-                self._events.deliver_late()
+                self.sync()
                 self._events.end(self)
             else:
                 _quietly(self._events.deliver_late, "delivering the last late results")
             ok = True
         finally:
+            self._batches.give_back()
             self._events.close(raise_errors=ok and clean)
 
     def __enter__(self) -> MonitoredSession:
@@ -324,13 +327,13 @@ class MonitoredSession:
 
     @property
     def compile_count(self) -> int:
-        """How many times the step was traced and compiled: once per distinct fetch set
-        (and again only when the shapes of the state or batch change)."""
+        """How many times the step was compiled: once per distinct fetch set and run
+        length (again only when the shapes of the state or batch change)."""
         return self._dispatch.compile_count
 
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                     state_sharding, batch_sharding, steps_per_dispatch) -> None:
+                     state_sharding, batch_sharding, steps_per_dispatch, prefetch) -> None:
     """The checks of `MonitoredSession`'s arguments that need no state."""
     if (init_fn is None) == (state is None):
         raise ValueError(
@@ -352,6 +355,7 @@ def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_pe
         raise ValueError("state_sharding= and batch_sharding= need mesh= (a jax.sharding.Mesh), e.g. "
                          f"mesh=jax.make_mesh(({jax.device_count()},), ('data',)).")
     _errors.check_int("steps_per_dispatch", steps_per_dispatch, minimum=1)
+    _errors.check_int("prefetch", prefetch)
     if steps_per_dispatch > 1 and (mesh is not None or jax.process_count() > 1):
         raise ValueError(f"steps_per_dispatch={steps_per_dispatch} works on one process without mesh= for now; "
                          "use steps_per_dispatch=1 with a mesh or several processes.")

@@ -40,6 +40,11 @@ class Placement:
         self._state_spec = state_sharding
         self._batch_spec = batch_sharding
 
+    @property
+    def replicated(self) -> NamedSharding:
+        """A copy on every device of the mesh (the session's accumulators live so)."""
+        return NamedSharding(self.mesh, PartitionSpec())
+
     def _named(self, spec: Any, what: str) -> NamedSharding:
         if not _is_spec(spec):
             raise TypeError(f"{what} holds {spec!r}, which is not a PartitionSpec or NamedSharding; write "

@@ -52,19 +52,24 @@ class CompiledStep:
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True):
         check_step_fn(step_fn)
-        self._step_fn = step_fn
+        self.step_fn = step_fn
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self.trace_count = 0
+        #: The session's `_monitors.Monitors` when some hook has accumulators: their
+        #: update is traced into every step. Set before the first call.
+        self.monitors: Any = None
         #: Applied to the new state inside the step (a sharded session keeps the state
         #: on its shardings with it); set before the first call.
         self.state_constraint: Callable[[Any], Any] | None = None
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1):
+                 length: int = 1, carry: Any = None):
         """One dispatch: one step, or with `length` > 1 that many steps scanned over
-        the leading axis of `batch` (outputs and fetches of the last step)."""
+        the leading axis of `batch` (outputs and fetches of the last step). With
+        `monitors` set, `carry` is their accumulators before the run; the call then
+        returns `(new_state, outputs, fetched, new_carry)`."""
         variant = self._variants.get((key, length))
         if variant is None:
             variant = self._variants[key, length] = self._build(key, dict(owners), length)
@@ -75,24 +80,34 @@ class CompiledStep:
                     "create the callable once and pass the same object every run.",
                     len({k for k, _ in self._variants}),
                 )
-        return variant(state, batch)
+        return variant(state, batch, carry)
 
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
-        def one_step(state, batch):
-            new_state, outputs = _check_result(self._step_fn(state, batch), state)
+        monitors = self.monitors
+
+        def one_step(state, carry, batch):
+            new_state, outputs = _check_result(self.step_fn(state, batch), state)
+            if carry is not None:
+                carry, new_state = monitors.update(carry, state, new_state, batch, outputs)
             if self.state_constraint is not None:
                 new_state = self.state_constraint(new_state)
-            return new_state, outputs
+            return new_state, carry, outputs
 
-        def variant(state, batch):
+        def scanned(both, batch):
+            state, carry, outputs = one_step(*both, batch)
+            return (state, carry), outputs
+
+        def variant(state, batch, carry):
             if length == 1:
-                new_state, outputs = one_step(state, batch)
+                new_state, carry, outputs = one_step(state, carry, batch)
             else:  # the last step's batch and outputs are what fetches see, as after one step
-                new_state, stacked = jax.lax.scan(one_step, state, batch, length=length)
+                (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
             self.trace_count += 1  # a trace that raised compiles nothing
-            return new_state, outputs, fetched
+            if carry is None:
+                return new_state, outputs, fetched
+            return new_state, outputs, fetched, carry
 
         return jax.jit(variant, donate_argnums=self._donate)
 

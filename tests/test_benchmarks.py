@@ -9,8 +9,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-LOCAL = ["bare_jit", "bare_scan32", "session_no_hooks", "mts_default", "mts_default_k32", "mts_default_no_saves",
-         "mts_default_k32_no_saves", "naive"]
+LOCAL = ["bare_jit", "bare_scan32", "session_no_hooks", "mts_default", "mts_default_k32", "naive"]
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

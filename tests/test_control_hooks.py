@@ -64,10 +64,10 @@ def run_loop(sess, started=None):
 # -- L8: NanHook -------------------------------------------------------------------------------
 
 
-def test_nan_loss_raises_one_step_late_from_the_run_completing_step_4():
+def test_nan_loss_read_every_step_raises_one_step_late_from_the_run_completing_step_4():
     record = RecordingHook()
     started = []
-    nan_hook = jm.NanHook("loss")
+    nan_hook = jm.NanHook("loss", every_n_steps=1)
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
         with jm.MonitoredSession(nan_at_3, fzero, hooks=[nan_hook, record, jm.StopAtStepHook(last_step=10)]) as sess:
             run_loop(sess, started)
@@ -80,14 +80,14 @@ def test_nan_loss_raises_one_step_late_from_the_run_completing_step_4():
     # Read one run late: the run that started at step 3 (and completed step 4) raised it.
     assert started[-1] == 3 and sess.step == 4
     assert "end" not in record.calls
-    # The late NaN check runs right after step 4's dispatch, before that run's own after_run calls,
-    # so the other hooks last saw step 3.
+    # Step 3's read is delivered right after step 4's dispatch, before that run's own after_run
+    # calls, so the other hooks last saw step 3.
     assert record.calls["after_run"] == 3 and record.values[-1].step == 3
     assert sess.should_stop()
     with pytest.raises(RuntimeError, match="closed session"):
         sess.run()
     notes = getattr(err, "__notes__", [])
-    assert any(repr(nan_hook) in note and "after_run" in note and "step 3" in note for note in notes), notes
+    assert any(repr(nan_hook) in note and "after_read" in note and "step 3" in note for note in notes), notes
 
 
 def test_nan_at_the_last_step_is_raised_when_the_with_block_closes():
@@ -118,7 +118,8 @@ def test_sync_right_after_the_nan_step_raises_at_once():
 def test_nan_without_fail_logs_a_warning_and_stops_after_step_4(caplog):
     record = RecordingHook()
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
-        with jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False), record,
+        with jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1),
+                                                         record,
                                                          jm.StopAtStepHook(last_step=10)]) as sess:
             started = []
             run_loop(sess, started)
@@ -130,7 +131,7 @@ def test_nan_without_fail_logs_a_warning_and_stops_after_step_4(caplog):
 
 
 def test_nan_without_fail_sets_should_stop_after_the_run_completing_step_4():
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False)])
+    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1)])
     for _ in range(3):
         sess.run()
     assert not sess.should_stop()  # step 3's loss is not read yet
@@ -147,7 +148,7 @@ def test_infinite_loss_counts_as_non_finite():
 
 
 def test_an_array_loss_reports_how_many_entries_are_non_finite():
-    sess = jm.MonitoredSession(vector_nan_at_3, fzero, hooks=[jm.NanHook("loss")])
+    sess = jm.MonitoredSession(vector_nan_at_3, fzero, hooks=[jm.NanHook("loss", every_n_steps=1)])
     for _ in range(3):
         sess.run()
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
@@ -156,7 +157,7 @@ def test_an_array_loss_reports_how_many_entries_are_non_finite():
 
 
 def test_nan_hook_error_is_logged_at_error_level(caplog):
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss")])
+    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", every_n_steps=1)])
     with caplog.at_level(logging.ERROR, logger="jaxmon"), pytest.raises(jm.NanLossDuringTrainingError):
         for _ in range(5):
             sess.run()

@@ -78,7 +78,7 @@ def test_at_end_only_logs_nothing_during_runs_and_the_values_at_end(logs):  # it
 
 @pytest.mark.parametrize("at_end", [False, True])
 def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it(logs, at_end):  # item 79
-    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end)
+    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end, reduce="last")  # TF: the logged step's value
     for _ in range(2):  # the second session's begin resets the iteration count
         logs.clear()
         sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -92,6 +92,47 @@ def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it
             assert lines[4:] == ["value = 35"]
         else:
             assert len(lines) == 4
+
+
+def window_means(values, logged_steps, start=0):
+    """What reduce="mean" logs at each of `logged_steps`: the mean of `values[s - 1]` (the
+    output of step s) over the steps since the previous line (exclusive), from `start`."""
+    bounds = [start, *logged_steps]
+    return [np.float32(np.mean(values[lo:hi])) for lo, hi in zip(bounds[:-1], logged_steps, strict=True)]
+
+
+@pytest.mark.parametrize("at_end", [False, True])
+def test_every_n_iter_logs_the_mean_of_the_iterations_since_the_previous_line(logs, at_end):
+    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end)  # reduce="mean", the default
+    values = np.arange(1, 36)  # the "value" output of steps 1..35: the counter after iteration i is i + 1
+    logged_steps = [1, 11, 21, 31]  # iterations 0, 10, 20, 30
+    means = window_means(values, logged_steps)  # [1], [2..11], [12..21], [22..31]
+    assert means == [1.0, 6.5, 16.5, 26.5]  # e.g. (2 + 11) / 2 = 6.5
+    for _ in range(2):  # the second session's begin starts the counts and the means afresh
+        logs.clear()
+        sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
+        run_n(sess, 35)
+        sess.close()
+        lines = info_lines(logs)
+        assert [line.split(" (")[0] for line in lines[:4]] == [f"value = {mean}" for mean in means]
+        assert lines[0] == "value = 1.0"  # an int output is averaged as float32
+        assert lines[1].endswith("sec)") and lines[3].endswith("sec)")
+        if at_end:
+            assert lines[4:] == ["value = 35"]  # at_end: the fetch on the final state, not a mean
+        else:
+            assert len(lines) == 4
+
+
+@pytest.mark.parametrize("make", [
+    lambda reduce: jm.LoggingHook(["value"], every_n_iter=10, reduce=reduce),
+    lambda reduce: jm.ProgressBarHook(reduce=reduce),
+], ids=["LoggingHook", "ProgressBarHook"])
+def test_reduce_other_than_mean_or_last_is_a_value_error_naming_both(make):
+    with pytest.raises(ValueError, match="bogus") as info:
+        make("bogus")
+    assert "'mean'" in str(info.value) and "'last'" in str(info.value)
+    for reduce in ("mean", "last"):
+        assert make(reduce).reduce == reduce
 
 
 def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):  # item 80
@@ -108,7 +149,7 @@ def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):  # it
 @pytest.mark.parametrize("at_end", [False, True])
 def test_every_n_secs_logs_when_the_time_has_passed(logs, at_end):  # item 81
     clock = FakeClock()
-    hook = jm.LoggingHook(["value"], every_n_secs=1.0, at_end=at_end, clock=clock)
+    hook = jm.LoggingHook(["value"], every_n_secs=1.0, at_end=at_end, clock=clock, reduce="last")  # TF's values
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
     sess.run()
     sess.sync()
@@ -151,7 +192,7 @@ def test_dict_fetches_log_in_sorted_tag_order(logs):
     sess = jm.MonitoredSession(metrics_step, zero, hooks=[hook])
     sess.run()
     sess.close()
-    assert info_lines(logs) == ["aa_acc = 100, zz_loss = 10"]
+    assert info_lines(logs) == ["aa_acc = 100.0, zz_loss = 10.0"]  # one step's mean, as float32
 
 
 def test_list_fetches_log_in_the_given_order(logs):
@@ -163,7 +204,7 @@ def test_list_fetches_log_in_the_given_order(logs):
     sess = jm.MonitoredSession(metrics_step, zero, hooks=[other])
     sess.run()
     sess.close()
-    assert info_lines(logs) == ["loss = 10, acc = 100", "acc = 100, loss = 10"]
+    assert info_lines(logs) == ["loss = 10.0, acc = 100.0", "acc = 100.0, loss = 10.0"]  # one step's float32 mean
 
 
 def test_a_callable_fetch_is_logged(logs):
@@ -172,9 +213,10 @@ def test_a_callable_fetch_is_logged(logs):
     run_n(sess, 2)
     sess.close()
     lines = info_lines(logs)
-    assert lines[0] == "double = 2, value = 1"
-    assert lines[1].startswith("double = 4, value = 2 (")
-    assert lines[2] == "double = 4, value = 2"  # at_end: the callable on the final state
+    # the callable is its value at the logged step; the named output the (float32) mean of that one step
+    assert lines[0] == "double = 2, value = 1.0"
+    assert lines[1].startswith("double = 4, value = 2.0 (")
+    assert lines[2] == "double = 4, value = 2"  # at_end: both fetched on the final state
 
 
 def test_values_are_delivered_one_run_late(logs):
@@ -183,11 +225,12 @@ def test_values_are_delivered_one_run_late(logs):
     sess.run()  # iteration 0 triggers; its line waits for the next dispatch
     assert info_lines(logs) == []
     sess.run()  # delivers run 1
-    assert info_lines(logs) == ["value = 1"]
+    assert info_lines(logs) == ["value = 1.0"]
     sess.run()  # iteration 2 triggers
-    assert info_lines(logs) == ["value = 1"]
+    assert info_lines(logs) == ["value = 1.0"]
     sess.sync()
-    assert len(info_lines(logs)) == 2 and info_lines(logs)[1].startswith("value = 3 (")
+    # the mean of steps 2 and 3: (2 + 3) / 2 = 2.5
+    assert len(info_lines(logs)) == 2 and info_lines(logs)[1].startswith("value = 2.5 (")
     sess.sync()  # nothing pending: no duplicate
     sess.close()
     assert len(info_lines(logs)) == 2

@@ -292,8 +292,23 @@ def child_main(root):
         return {"mesh8": bound(mesh=mesh8), "mesh4": bound(mesh=mesh4), "mesh1": bound(mesh=one),
                 "none": bound(mesh=mesh8, max_dispatch_ahead=None), "three": bound(mesh=mesh8, max_dispatch_ahead=3)}
 
+    def nan_on_mesh():
+        def poisoned(state, batch):  # the loss turns NaN at step 7 (Adam's count is the step)
+            state, outputs = step_fn(state, batch)
+            count = optax.tree_utils.tree_get(state["opt"], "count")
+            return state, {"loss": jnp.where(count == 7, jnp.nan, outputs["loss"])}
+
+        sess = jm.MonitoredSession(poisoned, init_fn, data=make_data(), mesh=mesh8,
+                                   hooks=[jm.NanHook("loss", every_n_steps=4), jm.StopAtStepHook(last_step=TOTAL)])
+        try:
+            train(sess)
+        except jm.NanLossDuringTrainingError as error:
+            return {"nan_step": error.step, "raised_at": sess.step, "compile_count": sess.compile_count}
+        return {"nan_step": None, "raised_at": sess.step}
+
     scenarios = {
         "dp": data_parallel,
+        "nan": nan_on_mesh,
         "sharded_dict": lambda: sharded("sharded_dict", step_fn, init_fn, DICT_SPEC),
         "sharded_fn": lambda: sharded("sharded_fn", train_state_step, train_state_init, split_wide),
         "save8": save8,
@@ -422,15 +437,27 @@ def test_data_parallel_step_compiles_once_with_hooks_fetching_the_loss_by_name(s
     dp = scenario(child, "dp")
     assert dp["compile_count"] == 1
     # LossEvery (exact step), LoggingHook (late, every 5th iteration from 0) and the caller
-    # fetched the loss by name; each value is the 1-device run's loss of that step.
+    # fetched the loss by name. LossEvery's and the caller's values are the 1-device run's
+    # loss of that step; the LoggingHook's (reduce="mean", the default, accumulated on the
+    # mesh) the mean of the 1-device losses since its previous line: step 1, then 2-6, 7-11, ...
     hook = {int(k): v for k, v in dp["hook_losses"].items()}
     assert sorted(hook) == list(range(5, TOTAL + 1, 5))
     caller = {int(k): v for k, v in dp["caller_losses"].items()}
     assert sorted(caller) == [10, 20, 30]
-    logged = dict(zip(range(1, TOTAL + 1, 5), dp["logged_losses"], strict=True))
-    for step, loss in {**hook, **caller, **logged}.items():
+    for step, loss in {**hook, **caller}.items():
         np.testing.assert_allclose(loss, single["losses"][step], rtol=RTOL, atol=ATOL, err_msg=f"step {step}")
+    logged_steps = list(range(1, TOTAL + 1, 5))
+    bounds = [0, *logged_steps]
+    for lo, step, loss in zip(bounds[:-1], logged_steps, dp["logged_losses"], strict=True):
+        mean = np.mean([single["losses"][t] for t in range(lo + 1, step + 1)])
+        np.testing.assert_allclose(loss, mean, rtol=RTOL, atol=ATOL, err_msg=f"logged at step {step}")
     assert dp["loss_sharding"]["shard_shape"] == [] and dp["loss_sharding"]["devices"] == 8
+
+
+def test_a_nan_on_8_devices_is_reported_at_its_exact_step(child):
+    nan = scenario(child, "nan")
+    # Checked inside the sharded step on every step; read after steps 1, 5 and 9, a run late.
+    assert nan == {"nan_step": 7, "raised_at": 10, "compile_count": 1, "secs": nan["secs"]}
 
 
 def test_data_parallel_state_stays_replicated_on_the_mesh(child):

@@ -178,14 +178,39 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
 # -- 2: every trigger on its exact step (items 94 and 100, aligned) ----------------------------
 
 
+def window_means(values, steps, start=0):
+    """What reduce="mean" writes at `steps`: the mean of `values[t]` (the output of step t)
+    over the steps after the previous write (or after `start`) up to the write step."""
+    bounds = [start, *steps]
+    return [float(np.mean([values[t] for t in range(lo + 1, hi + 1)])) for lo, hi in zip(bounds[:-1], steps,
+                                                                                          strict=True)]
+
+
 def test_summaries_every_8_steps_land_on_1_9_17_25_with_that_steps_values(tmp_path):
-    sess, lengths = train([jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)], last_step=30, k=32)
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, reduce="last")  # the write step's value
+    sess, lengths = train([hook], last_step=30, k=32)
     assert sess.step == 30
     expected = [(1, 1.0), (9, 9.0), (17, 17.0), (25, 25.0)]  # the loss output reads the step number
     assert jsonl_steps(tmp_path / "metrics.jsonl", "loss") == expected
     assert event_steps(tmp_path, "loss") == expected
     assert lengths.lengths == [1, 8, 8, 8, 4, 1]  # runs end on 1, 9, 17, 25, then 29, 30
     assert lengths.ends == [1, 9, 17, 25, 29, 30]
+
+
+def test_summaries_every_8_steps_write_the_mean_of_every_scanned_step_as_with_one_step_per_run(tmp_path):
+    written = {}
+    for k in (1, 32):
+        logdir = tmp_path / f"k{k}"
+        sess, lengths = train([jm.SummarySaverHook(save_steps=8, output_dir=logdir)], last_step=30, k=k)  # mean
+        assert sess.step == 30
+        written[k] = event_steps(logdir, "loss")
+        assert jsonl_steps(logdir / "metrics.jsonl", "loss") == written[k]
+    assert lengths.lengths == [1, 8, 8, 8, 4, 1]  # k=32: steps 2-9, 10-17, 18-25 each one scan of 8
+    # the loss of step t is t: 1, (2 + 9) / 2, (10 + 17) / 2, (18 + 25) / 2
+    means = window_means({t: float(t) for t in range(1, 31)}, [1, 9, 17, 25])
+    assert means == [1.0, 5.5, 13.5, 21.5]
+    assert written[1] == list(zip([1, 9, 17, 25], means, strict=True))
+    assert written[32] == written[1]  # every scanned step is accumulated, not only the run's last
 
 
 @pytest.mark.parametrize("k, runs", [(5, [4, 4, 2, 4, 4, 2, 4, 4, 2, 4, 1]), (32, [8, 2, 8, 2, 8, 2, 4, 1])])
@@ -374,30 +399,36 @@ def nan_at_10(state, batch):
     return state, {"loss": state}
 
 
-def test_a_nan_in_the_middle_of_a_run_is_caught_at_its_end_or_the_next():
+def test_a_nan_in_the_middle_of_a_run_is_reported_at_its_exact_step():
     data = [{"x": np.float32(i)} for i in range(1, 201)]
     lengths = RunLengths()
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
         with jm.MonitoredSession(nan_at_10, float_zero, data=data, steps_per_dispatch=32,
-                                 hooks=[jm.NanHook("loss"), lengths,
+                                 hooks=[jm.NanHook("loss", every_n_steps=32), lengths,
                                         jm.StopAtStepHook(last_step=200)]) as sess:
             while not sess.should_stop():
                 sess.run()
-    assert info.value.step == 32  # the end of the run that holds step 10
-    assert "at step 32" in str(info.value)
-    assert sess.step <= 64  # raised in that run or the next
+    assert info.value.step == 10  # checked on the device at each scanned step
+    assert "at step 10" in str(info.value)
+    assert sess.step == 64  # read at the end of the first run (step 32), delivered a run late
     assert lengths.ends[0] == 32
 
 
+@pytest.mark.parametrize("reduce", ["last", "mean"])
 @pytest.mark.parametrize("every, k", [(10, 5), (5, 5), (5, 10)])
-def test_item_100_settings_write_summaries_where_one_step_per_run_does(every, k):
+def test_item_100_settings_write_summaries_where_one_step_per_run_does(every, k, reduce):
     # TF (item 100): (10, 5) -> 15, 25; (5, 5) -> 10, 15, 20, 25; (5, 10) -> 20, 30, 40, 50
     written = {}
     for steps in (1, k):
         writer = written[steps] = RecordingWriter()
-        sess, _ = train([jm.SummarySaverHook(save_steps=every, summary_writer=writer)], last_step=50, k=steps)
+        hook = jm.SummarySaverHook(save_steps=every, summary_writer=writer, reduce=reduce)
+        sess, _ = train([hook], last_step=50, k=steps)
         assert sess.step == 50
     expected = list(range(1, 51, every))
     assert [step for step, _ in written[1].scalars] == expected
     assert written[k].scalars == written[1].scalars  # the same steps with the same values
-    assert all(scalars["loss"] == step for step, scalars in written[k].scalars)
+    if reduce == "last":  # TF: the loss of the write step, which reads the step number
+        assert all(scalars["loss"] == step for step, scalars in written[k].scalars)
+    else:  # the mean of the step numbers since the previous write, e.g. (2 + 11) / 2 = 6.5 at 11 for every=10
+        means = window_means({t: float(t) for t in range(1, 51)}, expected)
+        assert [scalars["loss"] for _, scalars in written[k].scalars] == means

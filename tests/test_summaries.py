@@ -62,6 +62,22 @@ def event_files(logdir):
     return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
 
 
+def windows(steps, start=0):
+    """The steps whose outputs each write at `steps` averages with reduce="mean": those
+    after the previous write (or after `start`, the session's first step) up to it."""
+    bounds = [start, *steps]
+    return [np.arange(lo + 1, hi + 1) for lo, hi in zip(bounds[:-1], steps, strict=True)]
+
+
+def expected_outputs(steps, reduce):
+    """`step`'s "loss" and "acc" as written at `steps`: the state after step t is t, so
+    loss = 2 t and acc = t / 10 (in float32); reduce="last" takes the write step's."""
+    picked = windows(steps) if reduce == "mean" else [np.array([s]) for s in steps]
+    loss = [float(np.mean(2.0 * np.float32(ts))) for ts in picked]
+    acc = [float(np.mean(np.float32(ts) / np.float32(10))) for ts in picked]
+    return loss, acc
+
+
 # -- argument checks (L1) ------------------------------------------------------------
 
 
@@ -73,6 +89,7 @@ def event_files(logdir):
     ({"save_steps": 1, "summary_writer": object()}, TypeError),
     ({"save_steps": 1, "output_dir": "x", "summaries": ["loss"]}, TypeError),
     ({"save_steps": 1, "output_dir": "x", "summaries": "loss"}, TypeError),
+    ({"save_steps": 1, "output_dir": "x", "reduce": "bogus"}, ValueError),
 ])
 def test_summary_saver_hook_checks_its_arguments(kwargs, error):
     with pytest.raises(error):
@@ -94,22 +111,59 @@ def test_a_writer_with_only_some_of_the_protocol_methods_is_a_type_error():
 # -- when summaries are written (L2, L3) ---------------------------------------------
 
 
-def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_9_17_25(tmp_path):
-    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"sq": square_plus_one})
+@pytest.mark.parametrize("reduce", ["last", "mean"])  # "last": TF's values of the write step
+def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_9_17_25(tmp_path, reduce):
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"sq": square_plus_one}, reduce=reduce)
     sess = run_session([hook], 30)
     assert sess.step == 30
     acc = events(tmp_path)
     steps = [1, 9, 17, 25]
+    loss, acc_values = expected_outputs(steps, reduce)  # mean: over steps 1, 2-9, 10-17, 18-25
+    if reduce == "last":
+        assert loss == [2.0 * s for s in steps]
+    else:
+        assert loss == [2.0, 11.0, 27.0, 43.0]  # 2 * (2 + 9) / 2 = 11, 2 * (10 + 17) / 2 = 27, ...
     assert set(acc.Tags()["scalars"]) == {"loss", "acc", "sq"}  # "vec" is not a scalar: not written
     assert [s for s, _ in scalars(acc, "loss")] == steps
-    assert [v for _, v in scalars(acc, "loss")] == pytest.approx([2.0 * s for s in steps])
+    assert [v for _, v in scalars(acc, "loss")] == pytest.approx(loss, rel=1e-6)
     assert [s for s, _ in scalars(acc, "acc")] == steps
-    assert [v for _, v in scalars(acc, "acc")] == pytest.approx([s / 10 for s in steps], rel=1e-6)
+    assert [v for _, v in scalars(acc, "acc")] == pytest.approx(acc_values, rel=1e-6)
+    # an extra summary (a callable) is its value at the write step, whatever `reduce`
     assert scalars(acc, "sq") == [(s, pytest.approx(s * s + 1.0)) for s in steps]
     lines = jsonl(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in lines] == steps
     assert all("vec" not in line for line in lines)
+    assert [line["loss"] for line in lines] == pytest.approx(loss, rel=1e-6)
     assert [line["sq"] for line in lines] == pytest.approx([s * s + 1.0 for s in steps])
+
+
+def counter_loss_step(state, batch):
+    """An int counter; "loss" reads the step number, as float32."""
+    state = state + 1
+    return state, {"loss": state.astype(jnp.float32)}
+
+
+@pytest.mark.parametrize("steps_per_dispatch", [1, 8])
+def test_event_file_loss_is_the_window_mean_and_last_with_reduce_last(tmp_path, steps_per_dispatch):
+    steps = [1, 9, 17, 25]
+    expected = {
+        # the mean of the step numbers since the previous write: 1, (2 + 9) / 2, (10 + 17) / 2, (18 + 25) / 2
+        "mean": [float(np.mean(ts)) for ts in windows(steps)],
+        "last": [float(s) for s in steps],  # the write step's own value (TF)
+    }
+    assert expected["mean"] == [1.0, 5.5, 13.5, 21.5]
+    for reduce, values in expected.items():
+        logdir = tmp_path / reduce
+        kwargs = {} if reduce == "mean" else {"reduce": "last"}  # "mean" is the default
+        hook = jm.SummarySaverHook(save_steps=8, output_dir=logdir, **kwargs)
+        with jm.MonitoredSession(counter_loss_step, zero, data=[np.float32(0)] * 25,
+                                 steps_per_dispatch=steps_per_dispatch,
+                                 hooks=[hook, jm.StopAtStepHook(last_step=25)]) as sess:
+            while not sess.should_stop():
+                sess.run()
+        assert sess.step == 25
+        assert len(event_files(logdir)) == 1
+        assert scalars(events(logdir), "loss") == list(zip(steps, values, strict=True)), reduce
 
 
 EVALUATIONS = []
@@ -159,11 +213,15 @@ def test_save_secs_half_a_second_with_half_a_second_per_run_writes_every_step(tm
     assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 2, 3, 4]
 
 
-def test_save_secs_nine_with_3_1_seconds_per_run_writes_steps_1_4_7(tmp_path):
+@pytest.mark.parametrize("reduce", ["last", "mean"])
+def test_save_secs_nine_with_3_1_seconds_per_run_writes_steps_1_4_7(tmp_path, reduce):
     clock = FakeClock()
-    hook = jm.SummarySaverHook(save_secs=9, output_dir=tmp_path, clock=clock)
+    hook = jm.SummarySaverHook(save_secs=9, output_dir=tmp_path, clock=clock, reduce=reduce)
     run_session([hook], 8, clock=clock, dt=3.1)
-    assert scalars(events(tmp_path), "loss") == [(1, 2.0), (4, 8.0), (7, 14.0)]
+    loss, _ = expected_outputs([1, 4, 7], reduce)
+    # last (TF): 2 * step; mean: 2, 2 * (2 + 3 + 4) / 3 = 6, 2 * (5 + 6 + 7) / 3 = 12
+    assert loss == ([2.0, 8.0, 14.0] if reduce == "last" else [2.0, 6.0, 12.0])
+    assert scalars(events(tmp_path), "loss") == list(zip([1, 4, 7], loss, strict=True))
     assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 4, 7]
 
 
@@ -318,7 +376,9 @@ def test_pending_summaries_are_written_when_the_step_raises(tmp_path):
                 sess.run(np.zeros(2, np.float32) if i == 10 else np.float32(0))
     assert sess.step == 9
     assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 9]
-    assert scalars(events(tmp_path), "loss") == [(1, 2.0), (9, 18.0)]
+    loss, _ = expected_outputs([1, 9], "mean")  # 2, then 2 * (2 + 9) / 2 = 11 over steps 2-9
+    assert loss == [2.0, 11.0]
+    assert scalars(events(tmp_path), "loss") == [(1, loss[0]), (9, loss[1])]
 
 
 # -- the shared writer cache ---------------------------------------------------------------
@@ -380,11 +440,13 @@ def test_a_given_writer_gets_the_scalars_and_is_flushed_but_never_closed():
     hook = jm.SummarySaverHook(save_steps=2, summary_writer=writer, hparams={"lr": 0.5})
     run_session([hook], 5)
     writes = [call for call in writer.calls if call[0] not in ("flush", "close")]
+    loss, acc = expected_outputs([1, 3, 5], "mean")  # over steps 1, 2-3, 4-5
+    assert loss == [2.0, 5.0, 9.0]  # 2 * 1, 2 * (2 + 3) / 2, 2 * (4 + 5) / 2
     assert writes == [
         ("hparams", None, {"lr": 0.5}),
-        ("scalars", 1, {"loss": 2.0, "acc": pytest.approx(0.1)}),
-        ("scalars", 3, {"loss": 6.0, "acc": pytest.approx(0.3)}),
-        ("scalars", 5, {"loss": 10.0, "acc": pytest.approx(0.5)}),
+        ("scalars", 1, {"loss": loss[0], "acc": pytest.approx(acc[0], rel=1e-6)}),
+        ("scalars", 3, {"loss": loss[1], "acc": pytest.approx(acc[1], rel=1e-6)}),
+        ("scalars", 5, {"loss": loss[2], "acc": pytest.approx(acc[2], rel=1e-6)}),
     ]
     assert ("flush",) in writer.calls[writer.calls.index(writes[-1]):]  # flushed after the last write
     assert ("close",) not in writer.calls

@@ -13,6 +13,7 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._monitors import Mean, check_reduce
 from jaxmon._triggers import timer_for
 
 logger = logging.getLogger("jaxmon")
@@ -46,7 +47,10 @@ class LoggingHook(Hook):
     (TF's `LoggingTensorHook`), under the `jaxmon` logger at INFO.
 
     Values are read one run late (no device wait). Iterations are counted from 0 in
-    each session, so `every_n_iter=10` logs iterations 0, 10, 20, ...
+    each session, so `every_n_iter=10` logs iterations 0, 10, 20, ... With
+    `reduce="mean"` (the default) a fetch naming a scalar output is logged as its mean
+    over the steps since the previous line, accumulated on the device (see
+    `jm.Mean`); other fetches are their value at the logged step.
 
     Args:
       fetches: what to log: a dict `{tag: name or fn(state, batch, outputs)}` (logged
@@ -55,6 +59,8 @@ class LoggingHook(Hook):
       at_end: also log the values on the final state at `end`.
       formatter: `formatter(values: dict) -> str`; the default is
         `"tag = value, ..."` with the seconds since the previous line.
+      reduce: "mean" (default) or "last" (TF's value of the logged step) for fetches
+        that name scalar outputs.
       on_error: "raise" (default) or "warn" (keep training if logging fails).
 
     Example:
@@ -63,8 +69,8 @@ class LoggingHook(Hook):
     """
 
     def __init__(self, fetches: Any, every_n_iter: int | None = None, every_n_secs: float | None = None,
-                 at_end: bool = False, formatter: Callable[[dict[str, Any]], str] | None = None, *,
-                 on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
+                 at_end: bool = False, formatter: Callable[[dict[str, Any]], str] | None = None,
+                 reduce: str = "mean", *, on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
         self.timer = timer_for(
             "LoggingHook", clock, at_end=at_end, every_n_iter=every_n_iter, every_n_secs=every_n_secs,
             error=("either at_end and/or exactly one of every_n_iter and every_n_secs must be provided (got "
@@ -76,7 +82,10 @@ class LoggingHook(Hook):
         if not self._fetches:
             raise ValueError(f"LoggingHook needs something to log: an output name, a list, or a dict; got {fetches!r}.")
         self._tags = sorted(self._fetches) if isinstance(fetches, Mapping) else list(self._fetches)
-        self.at_end, self.formatter = at_end, formatter
+        self.at_end, self.formatter, self.reduce = at_end, formatter, check_reduce("LoggingHook", reduce)
+        self._names = {tag: spec for tag, spec in self._fetches.items() if isinstance(spec, str)}
+        if reduce == "mean" and self._names:
+            self.accumulators = {"mean": Mean(sorted(set(self._names.values())))}
         self.on_error = check_on_error("LoggingHook", on_error)
         self._iter_count = 0
         self._elapsed: dict[int, float | None] = {}
@@ -102,11 +111,15 @@ class LoggingHook(Hook):
         if not self.timer.should_trigger_for_step(iteration):
             return None
         self._elapsed[ctx.step] = self.timer.update_last_triggered_step(iteration)[0]
-        return RunArgs(fetches=self._fetches, late=True)
+        return RunArgs(fetches=self._fetches, late=True, read=bool(self.accumulators))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is not None:
-            self._log(values.results, self._elapsed.pop(ctx.step, None))
+            results = values.results
+            if values.accumulated:
+                means = values.accumulated["mean"]
+                results = {tag: means.get(self._names.get(tag), value) for tag, value in results.items()}
+            self._log(results, self._elapsed.pop(ctx.step, None))
 
     def end(self, session) -> None:
         if self.at_end and self._iter_count:

@@ -1,16 +1,17 @@
-"""NanHook: stop training when the loss is NaN or infinite."""
+"""NanHook: stop training when the loss is NaN or infinite, checked on the device."""
 
 from __future__ import annotations
 
 import logging
-import math
+import time
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from jaxmon import _fetches
+from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
-from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._hook import Hook, RunArgs, RunContext
+from jaxmon._monitors import FirstNonFinite
+from jaxmon._triggers import timer_for
 
 logger = logging.getLogger("jaxmon")
 
@@ -18,64 +19,74 @@ logger = logging.getLogger("jaxmon")
 class NanHook(Hook):
     """Stops training when the loss is NaN or infinite (TF's `NanTensorHook`).
 
-    The check never makes the device wait: the loss is read one step late (see
-    `RunArgs.late`), so the hook acts in the run *after* the non-finite step, or at
-    `sess.sync()` or `close()` if that step was the last. The error names the
-    non-finite step and its value.
+    The check runs inside the compiled step, on every step (each step of a multi-step
+    run too), and keeps the first non-finite step and its value on the device: it
+    costs no host read of its own between reads. The hook acts at the next read of
+    the accumulators: any hook's, its own every `every_n_steps` steps, a checkpoint
+    save (which therefore never holds the state of that step or a later one),
+    `sess.sync()` and `close()`. The error names the exact first non-finite step.
 
     Args:
-      fetch: the loss: an output name (read from the outputs, nothing recompiles) or a
-        callable `fn(state, batch, outputs)`. Arrays are checked element-wise.
+      fetch: the loss: an output name or a callable `fn(state, batch, outputs)`;
+        arrays and pytrees are checked element-wise.
       fail_on_nan_loss: raise `NanLossDuringTrainingError` (default), or log a warning
-        and stop the loop cleanly.
+        and stop the loop cleanly (the state is then never saved).
+      every_n_steps: read the check at least this often (a read is one small
+        asynchronous copy, delivered a run late): the most steps the hook may act
+        after the non-finite step when nothing else reads.
+      skip_updates: 0 (default) keeps every update. n > 0 keeps the state of the step
+        before a non-finite loss instead (a `jnp.where` on the device, no host
+        sync), up to n consecutive steps; the (n + 1)-th non-finite step in a row is
+        then reported. Skipped steps still count as steps and are logged at reads.
 
     Example:
       >>> import jaxmon as jm
-      >>> hook = jm.NanHook("loss", fail_on_nan_loss=False)
+      >>> hook = jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=50)
     """
 
-    def __init__(self, fetch: Any = "loss", fail_on_nan_loss: bool = True):
-        _fetches.normalize({"value": fetch}, "NanHook fetch")
-        self.fetch, self.fail_on_nan_loss = fetch, fail_on_nan_loss
-        # An output name is read from the outputs as they are: nothing to fetch, per step
-        # the hook costs one late call and one read of a finished array.
-        self._args = RunArgs(late=True) if isinstance(fetch, str) else RunArgs({"value": fetch}, late=True)
-        self._stopped = False  # after a clean stop, the runs already queued need no second warning
+    def __init__(self, fetch: Any = "loss", fail_on_nan_loss: bool = True, every_n_steps: int = 100, *,
+                 skip_updates: int = 0, clock: Callable[[], float] = time.monotonic):
+        _errors.check_int("NanHook skip_updates", skip_updates)
+        self.timer = timer_for("NanHook", clock, every_n_steps=every_n_steps, every_n_secs=None)
+        self.accumulators = {"first": FirstNonFinite(fetch, max_skips=skip_updates)}
+        self.fetch, self.fail_on_nan_loss, self.skip_updates = fetch, fail_on_nan_loss, skip_updates
+        self._session: Any = None
+        self._done = False  # after a clean stop, later reads need no second warning
+        self._skipped = 0
 
     def begin(self) -> None:
-        self._stopped = False
+        self._done, self._skipped = False, 0
 
-    def before_run(self, ctx: RunContext) -> RunArgs:
-        return self._args
+    def after_create_session(self, session) -> None:
+        self._session, self._skipped = session, 0
 
-    def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self._stopped:
+    def steps_to_next_trigger(self, step: int) -> int | None:
+        return None  # a read a few steps later is as good: runs need not end on it
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        return RunArgs(read=True, late=True) if self.timer.due(ctx.next_step) else None
+
+    def after_read(self, step: int, values: dict[str, Any]) -> None:
+        first = values["first"]
+        if first["skipped"] > self._skipped:
+            logger.warning("NanHook skipped %d update(s) with a non-finite %r by step %d (%d in all).",
+                           first["skipped"] - self._skipped, self.fetch, step, first["skipped"])
+            self._skipped = first["skipped"]
+        if first["step"] is None or self._done:
             return
-        if isinstance(self.fetch, str):
-            if self.fetch not in values.outputs:
-                raise ValueError(f"NanHook checks {self.fetch!r}, which is not an output of the step function; "
-                                 f"its outputs are {sorted(values.outputs)}. Pass NanHook(fetch=<the loss's name>).")
-            value = np.asarray(values.outputs[self.fetch])
-        else:
-            value = np.asarray(values.results["value"])
-        if value.ndim == 0 and math.isfinite(value):
-            return
-        finite = np.isfinite(value)
-        if finite.all():
-            return
-        bad = value.size - int(finite.sum())
-        shown = value.item() if value.size == 1 else f"{bad} of {value.size} entries non-finite"
-        where = f"{self.fetch!r} = {shown} at step {values.step}"
+        where = f"{self.fetch!r} = {first['value']} at step {first['step']}"
         if self.fail_on_nan_loss:
-            logger.error("Model diverged with loss = NaN: %s.", where)
+            self._done = True
+            logger.error("Model diverged with loss = NaN: %s (seen at step %d).", where, step)
             raise NanLossDuringTrainingError(
                 f"NaN loss during training: {where}. Lower the learning rate, clip gradients, or check "
                 "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead.",
-                step=values.step, value=shown)
-        logger.warning("NaN loss during training: %s; stopping.", where)
-        self._stopped = True
-        ctx.session.reject_state(f"NanHook saw {where}")
-        ctx.request_stop()
+                step=first["step"], value=first["value"])
+        logger.warning("NaN loss during training: %s; stopping at step %d.", where, step)
+        self._done = True
+        if self._session is not None:
+            self._session.reject_state(f"NanHook saw {where}")
+            self._session.request_stop()
 
     def __repr__(self) -> str:
         return f"NanHook({self.fetch!r}, fail_on_nan_loss={self.fail_on_nan_loss})"

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxmon._errors import check_int, check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._monitors import Mean, check_reduce
 from jaxmon._triggers import timer_for
 from jaxmon.hooks._stop import StopAtStepHook
 
@@ -22,7 +23,9 @@ class ProgressBarHook(Hook):
 
     Quiet (prints nothing) when `stream` is not a terminal or the `CI` environment
     variable is set, unless `enabled=True`. Values are read one run late, at most
-    every `every_n_secs`, from the step's outputs by name (names it lacks are skipped).
+    every `every_n_secs`, from the step's outputs by name (names it lacks are skipped):
+    with `reduce="mean"` (default) each scalar's mean over the steps since the last
+    refresh, accumulated on the device; with `"last"` its value at the refresh step.
 
     Args:
       total_steps: the last step; None takes it from a `StopAtStepHook` of the session.
@@ -38,7 +41,8 @@ class ProgressBarHook(Hook):
 
     def __init__(self, total_steps: int | None = None, fetches: tuple[str, ...] | list[str] = ("loss",), *,
                  every_n_secs: float = 0.2, stream: TextIO | None = None, enabled: bool | None = None,
-                 width: int = 24, on_error: str = "warn", clock: Callable[[], float] = time.monotonic):
+                 width: int = 24, reduce: str = "mean", on_error: str = "warn",
+                 clock: Callable[[], float] = time.monotonic):
         if total_steps is not None:
             check_int("ProgressBarHook total_steps", total_steps, minimum=1)
         if isinstance(fetches, str) or not all(isinstance(name, str) for name in fetches):
@@ -52,11 +56,17 @@ class ProgressBarHook(Hook):
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
         self._drawn = False
+        self.reduce = check_reduce("ProgressBarHook", reduce)
+        if reduce == "mean" and self.fetches and self._decide_enabled():  # nothing carried for a quiet bar
+            self.accumulators = {"mean": Mean(list(self.fetches))}
+
+    def _decide_enabled(self) -> bool:
+        stream = self._stream or sys.stderr
+        return self._enabled if self._enabled is not None else (
+            getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
 
     def begin(self) -> None:
-        stream = self._stream or sys.stderr
-        self.enabled = self._enabled if self._enabled is not None else (
-            getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
+        self.enabled = self._decide_enabled()
         self.timer.reset()
         self._drawn = False
 
@@ -70,11 +80,13 @@ class ProgressBarHook(Hook):
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.enabled or not self.timer.due(ctx.next_step):
             return None
-        return RunArgs(fetches={}, late=True)
+        return RunArgs(fetches={}, late=True, read=bool(self.accumulators))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is not None:  # a refresh this hook asked for
             shown = {name: values.outputs[name] for name in self.fetches if name in values.outputs}
+            if values.accumulated:
+                shown |= values.accumulated["mean"]
             self._draw(values.step, jax.device_get(shown))
 
     def _draw(self, step: int, shown: dict[str, Any]) -> None:

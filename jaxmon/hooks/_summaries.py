@@ -14,6 +14,7 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._monitors import Mean, check_reduce
 from jaxmon._paths import by_path
 from jaxmon._summary import WriterSlot
 from jaxmon._triggers import timer_for
@@ -52,7 +53,10 @@ class SummarySaverHook(Hook):
     The first run always writes; then every `save_steps` steps (steps 1, 9, 17, ... for
     `save_steps=8`) or `save_secs` seconds. Values are read one run late, so writing
     never makes the device wait, and scalar outputs are read from the outputs as they
-    are (nothing recompiles for them). Tags are the output names as they are.
+    are (nothing recompiles for them). Tags are the output names as they are. With
+    `reduce="mean"` (the default) each scalar output is written as its mean over the
+    steps since this hook's last write (steps 2 to 9 at step 9), accumulated on the
+    device (see `jm.Mean`); `reduce="last"` writes its value at the write step, as TF.
 
     Args:
       save_steps, save_secs: the period; give exactly one.
@@ -64,6 +68,7 @@ class SummarySaverHook(Hook):
         `tag/path`), or `jm.Histogram(fetch)`, `jm.Image(fetch)`, `jm.Text(fetch, format)`.
       hparams: hyper-parameters (a possibly nested dict), written once.
       output_scalars: write the step's scalar outputs (default True).
+      reduce: "mean" (default) or "last", for the scalar outputs.
       on_error: "raise" (default) or "warn" (keep training if writing fails).
 
     Example:
@@ -75,7 +80,8 @@ class SummarySaverHook(Hook):
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
                  summaries: Mapping[str, Any] | None = None, *, hparams: Mapping[str, Any] | None = None,
-                 output_scalars: bool = True, on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
+                 output_scalars: bool = True, reduce: str = "mean", on_error: str = "raise",
+                 clock: Callable[[], float] = time.monotonic):
         self.timer = timer_for("SummarySaverHook", clock, save_steps=save_steps, save_secs=save_secs)
         self._slot = WriterSlot("SummarySaverHook", output_dir, summary_writer, required=True)
         if summaries is not None and not isinstance(summaries, Mapping):
@@ -88,6 +94,9 @@ class SummarySaverHook(Hook):
             {tag: spec.fetch if isinstance(spec, tuple(_KINDS)) else spec for tag, spec in self.summaries.items()},
             "SummarySaverHook summaries")
         self.hparams, self.output_scalars = hparams, output_scalars
+        self.reduce = check_reduce("SummarySaverHook", reduce)
+        if output_scalars and reduce == "mean":
+            self.accumulators = {"scalars": Mean()}
         self.on_error = check_on_error("SummarySaverHook", on_error)
         self._hparams_written = False
 
@@ -103,13 +112,15 @@ class SummarySaverHook(Hook):
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.timer.due(ctx.next_step):
             return None
-        return RunArgs(fetches=self._fetches or {}, late=True)
+        return RunArgs(fetches=self._fetches or {}, late=True, read=bool(self.accumulators))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
             return
         groups: dict[str, dict[str, Any]] = {"scalars": {}, "histograms": {}, "images": {}, "texts": {}}
-        if self.output_scalars:
+        if values.accumulated:
+            groups["scalars"].update(values.accumulated["scalars"])
+        elif self.output_scalars:
             scalars = {tag: value for tag, value in values.outputs.items() if np.ndim(value) == 0}
             groups["scalars"].update(jax.device_get(scalars))
         for tag, value in values.results.items():

@@ -1,0 +1,342 @@
+"""Accumulators on the device: reductions over every step's values, computed inside
+the compiled step, carried between runs in one session-owned array, and read on the
+host only at a trigger (see `Hook.accumulators`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmon._fetches import normalize
+
+logger = logging.getLogger("jaxmon")
+
+
+def check_reduce(owner: str, reduce: object) -> str:
+    """`reduce` if it is "mean" or "last", else a `ValueError` naming `owner`."""
+    if reduce not in ("mean", "last"):
+        raise ValueError(f"{owner} reduce must be 'mean' (the mean since the last write, the default) or 'last' "
+                         f"(the value at the write step, as TF); got {reduce!r}.")
+    return reduce
+
+
+class Reduction:
+    """A reduction over one value per step, computed on the device (see
+    `Hook.accumulators`). Subclasses give `init`, `update` and `result`; everything in
+    `update` runs inside the compiled step, so it uses `jnp` only (no `lax.cond`, no
+    host callback: either makes a GPU wait for the host).
+
+    Args:
+      fetch: the value of each step: an output name, a list of output names (their
+        scalar ones), None (every scalar output), or a callable
+        `fn(state, batch, outputs) -> pytree` on the step's new state.
+    """
+
+    def __init__(self, fetch: Any = None):
+        if fetch is not None and not callable(fetch):
+            names = [fetch] if isinstance(fetch, str) else fetch
+            normalize(list(names), f"{type(self).__name__} fetch")
+            fetch = fetch if isinstance(fetch, str) else tuple(names)
+        self.fetch = fetch
+
+    def value(self, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
+        """This step's value: the fetch, evaluated in the step (traced)."""
+        if callable(self.fetch):
+            return self.fetch(state, batch, outputs)
+        if isinstance(self.fetch, str):
+            if self.fetch not in outputs:
+                raise ValueError(f"{self!r} reduces {self.fetch!r}, which is not an output of the step function; "
+                                 f"its outputs are {sorted(outputs)}. Name one of those, or pass a callable "
+                                 "fn(state, batch, outputs).")
+            return outputs[self.fetch]
+        names = outputs if self.fetch is None else [name for name in self.fetch if name in outputs]
+        return {name: outputs[name] for name in names if jnp.ndim(outputs[name]) == 0}
+
+    def init(self, value: Any) -> Any:
+        """The accumulator before the first step: a pytree of int32 or float32 NumPy
+        arrays, given the value's shapes and dtypes (`jax.ShapeDtypeStruct`s)."""
+        raise NotImplementedError
+
+    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
+        """The accumulator after a step (traced); `step` is the step number after it."""
+        raise NotImplementedError
+
+    def result(self, acc: Any, steps: int) -> Any:
+        """What the hook gets from the host copy of `acc`, `steps` steps after a restart."""
+        raise NotImplementedError
+
+    def accept(self, acc: Any) -> jax.Array | None:
+        """Whether the step's new state is kept (traced, after `update`); None: always."""
+        return None
+
+    #: Whether a read by the owning hook starts the accumulator afresh (a window), or
+    #: it keeps accumulating for the whole session (a sticky flag).
+    restarts: bool = True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fetch!r})"
+
+
+class Mean(Reduction):
+    """The mean over the steps since the last read, leaf by leaf (a sum in float32)."""
+
+    def init(self, value: Any) -> Any:
+        return jax.tree.map(lambda leaf: np.zeros(leaf.shape, np.float32), value)
+
+    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
+        return jax.tree.map(lambda total, x: total + jnp.asarray(x, jnp.float32), acc, value)
+
+    def result(self, acc: Any, steps: int) -> Any:
+        return jax.tree.map(lambda total: total / max(steps, 1), acc)
+
+
+class FirstNonFinite(Reduction):
+    """The first step whose value has a NaN or an infinity, and that value (or, for an
+    array, how many of its entries are not finite); sticky for the whole session.
+
+    Args:
+      fetch: as `Reduction`.
+      max_skips: 0 keeps every update; n > 0 keeps the state of the step before a
+        non-finite value instead (with `jnp.where`, on the device), up to n
+        consecutive steps: the (n + 1)-th is then the reported step.
+    """
+
+    def __init__(self, fetch: Any = "loss", max_skips: int = 0):
+        super().__init__(fetch)
+        self.max_skips = max_skips
+        self.size = 1
+
+    restarts = False
+
+    def init(self, value: Any) -> Any:
+        self.size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(value))
+        minus_one = np.array(-1, np.int32)
+        return {"step": minus_one, "value": np.array(0, np.float32), "run": np.array(0, np.int32),
+                "skipped": np.array(0, np.int32)}
+
+    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
+        leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(value)]
+        bad_count = sum(jnp.sum(~jnp.isfinite(leaf)).astype(jnp.int32) for leaf in leaves)
+        bad = bad_count > 0
+        shown = leaves[0].reshape(-1)[0].astype(jnp.float32) if self.size == 1 else bad_count.astype(jnp.float32)
+        run = jnp.where(bad, acc["run"] + 1, 0)
+        fails = bad & (run > self.max_skips) & (acc["step"] < 0)
+        return {"step": jnp.where(fails, step, acc["step"]), "value": jnp.where(fails, shown, acc["value"]),
+                "run": run, "skipped": acc["skipped"] + (bad & ~fails & (acc["step"] < 0)).astype(jnp.int32)}
+
+    def accept(self, acc: Any) -> jax.Array | None:
+        if not self.max_skips:
+            return None
+        return (acc["run"] == 0) | (acc["step"] >= 0)
+
+    def result(self, acc: Any, steps: int) -> Any:
+        step = int(acc["step"])
+        value = float(acc["value"]) if self.size == 1 else f"{int(acc['value'])} of {self.size} entries non-finite"
+        return {"step": None if step < 0 else step, "value": value, "skipped": int(acc["skipped"])}
+
+
+class _Layout:
+    """Where each accumulator's leaves sit in the one int32 array the session carries
+    (float32 leaves as their bits), so that a run passes one extra array, not many."""
+
+    def __init__(self, trees: list[Any]):
+        self._treedefs, self._fields, offset = [], [], 0
+        for tree in trees:
+            leaves, treedef = jax.tree.flatten(tree)
+            fields = []
+            for leaf in leaves:
+                if leaf.dtype not in (np.int32, np.float32):
+                    raise TypeError(f"accumulator leaves must be int32 or float32; got {leaf.dtype}.")
+                fields.append((offset, leaf.shape, leaf.dtype, int(np.prod(leaf.shape))))
+                offset += fields[-1][3]
+            self._treedefs.append(treedef)
+            self._fields.append(fields)
+        self.size = offset
+
+    def pack_host(self, trees: list[Any]) -> np.ndarray:
+        parts = [np.asarray(leaf, dtype).reshape(-1).view(np.int32)
+                 for tree, fields in zip(trees, self._fields, strict=True)
+                 for leaf, (_, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def unpack_host(self, carry: np.ndarray) -> list[Any]:
+        return [treedef.unflatten([carry[o:o + n].view(dtype).reshape(shape) for o, shape, dtype, n in fields])
+                for treedef, fields in zip(self._treedefs, self._fields, strict=True)]
+
+    def pack(self, trees: list[Any]) -> jax.Array:
+        parts = []
+        for tree, fields in zip(trees, self._fields, strict=True):
+            for leaf, (_, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
+                leaf = jnp.asarray(leaf, dtype).reshape(-1)
+                parts.append(jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf)
+        return jnp.concatenate(parts)
+
+    def unpack(self, carry: jax.Array) -> list[Any]:
+        def field(offset, shape, dtype, size):
+            bits = carry[offset:offset + size].reshape(shape)
+            return jax.lax.bitcast_convert_type(bits, jnp.float32) if dtype == np.float32 else bits
+
+        return [treedef.unflatten([field(*f) for f in fields])
+                for treedef, fields in zip(self._treedefs, self._fields, strict=True)]
+
+    def restart_mask(self, indices: Iterable[int]) -> np.ndarray:
+        """True at every slot of the trees numbered `indices`."""
+        mask = np.zeros(self.size, bool)
+        for i in indices:
+            for offset, _, _, size in self._fields[i]:
+                mask[offset:offset + size] = True
+        return mask
+
+
+class Monitors:
+    """The accumulators of a session's hooks: built on the first run from the shapes of
+    the values, updated inside every compiled step, read at triggers.
+
+    Args:
+      hooks: the session's hooks; those with `accumulators` take part.
+      on_read: `on_read(step, [(hook, values)])`, called once per read with the values
+        of every hook that has accumulators (for `Hook.after_read`).
+    """
+
+    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None]):
+        self._entries: list[tuple[Any, str, Reduction]] = []
+        for hook in hooks:
+            accumulators = hook.accumulators
+            if not isinstance(accumulators, Mapping):
+                raise TypeError(f"{hook!r}.accumulators must be a dict {{name: jm.Reduction}}; got {accumulators!r}.")
+            for name, reduction in accumulators.items():
+                if not isinstance(reduction, Reduction):
+                    raise TypeError(f"{hook!r}.accumulators[{name!r}] is {reduction!r}, not a jm.Reduction "
+                                    "(jm.Mean(...), jm.FirstNonFinite(...) or a subclass).")
+                self._entries.append((hook, name, reduction))
+        self.active = bool(self._entries)
+        self._hooks = list(dict.fromkeys(hook for hook, _, _ in self._entries))
+        self._on_read = on_read
+        self._layout: _Layout | None = None
+        self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}
+        self._sharding: Any = None
+        self.carry: jax.Array | None = None
+        self._since: dict[int, int] = {}
+        self._read_step: int | None = None
+        self._step = 0
+        self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
+
+    def start(self, step: int) -> None:
+        """A state was created or restored at `step`: every accumulator starts afresh."""
+        self.carry, self._step, self._read_step = None, step, None
+        self._since = {id(hook): step for hook in self._hooks}
+
+    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, sharding: Any) -> None:
+        """Builds the carry before a run when there is none (first run, recovery)."""
+        if self._layout is None:
+            one = batch if length == 1 else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+
+            def values(state, batch):
+                new_state, outputs = step_fn(state, batch)
+                return [reduction.value(new_state, batch, outputs) for _, _, reduction in self._entries]
+
+            shapes = jax.eval_shape(values, state, one)
+            self._inits = [reduction.init(shape) for (_, _, reduction), shape in zip(self._entries, shapes,
+                                                                                      strict=True)]
+            self._layout = _Layout([np.array(0, np.int32), *self._inits])
+        host = self._layout.pack_host([np.array(self._step, np.int32), *self._inits])
+        if sharding is None:
+            self.carry = jax.device_put(host)
+        else:
+            self.carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        self._sharding = sharding
+
+    def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
+        """One step's update (traced): the new carry, and the state to keep."""
+        step, *accs = self._layout.unpack(carry)
+        step = step + 1
+        accs = [reduction.update(acc, reduction.value(new_state, batch, outputs), step)
+                for (_, _, reduction), acc in zip(self._entries, accs, strict=True)]
+        if self.guards:
+            keep = [reduction.accept(acc) for (_, _, reduction), acc in zip(self._entries, accs, strict=True)]
+            keep = [k for k in keep if k is not None]
+            if keep:
+                ok = jnp.all(jnp.stack(keep))
+                new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+        return self._layout.pack([step, *accs]), new_state
+
+    def read(self, step: int, readers: list[Any]) -> Read:
+        """A read of the carry after the run that ended at `step`, for `readers` (hooks
+        that asked); their accumulators start again from this step."""
+        carry, self._read_step = self.carry, step
+        read = Read(self, step, carry, {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
+        indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
+                   if reduction.restarts and any(hook is r for r in readers)]
+        for hook in readers:
+            self._since[id(hook)] = step
+        if indices:
+            self.carry = self._restarted(carry, self._layout.restart_mask(indices))
+        return read
+
+    def read_for(self, step: int, entries: list[list]) -> None:
+        """One read at `step` for the hooks of `entries` (`Requests.reading`), if any:
+        each entry's `read` slot gets it."""
+        if entries and self.active:
+            read = self.read(step, [entry[0] for entry in entries])
+            for entry in entries:
+                entry[2] = read
+
+    def read_now(self, step: int) -> None:
+        """Reads the carry now unless this step's was read already (sync, save, close)."""
+        if self.carry is not None and self._read_step != step:
+            self.read(step, []).host()
+
+    def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
+        restart = self._restart.get(mask.tobytes())
+        if restart is None:
+            fresh = self._layout.pack_host([np.array(0, np.int32), *self._inits])
+
+            def restart(carry):
+                return jnp.where(mask, fresh, carry)
+
+            restart = self._restart[mask.tobytes()] = jax.jit(restart)
+        return restart(carry)
+
+    def results(self, host: np.ndarray, steps: dict[int, int]) -> dict[int, dict[str, Any]]:
+        """Each hook's `{name: result}` from a host copy of the carry."""
+        _, *accs = self._layout.unpack_host(host)
+        values: dict[int, dict[str, Any]] = {}
+        for (hook, name, reduction), acc in zip(self._entries, accs, strict=True):
+            values.setdefault(id(hook), {})[name] = reduction.result(acc, steps[id(hook)])
+        return values
+
+    def deliver(self, step: int, values: dict[int, dict[str, Any]]) -> None:
+        self._on_read(step, [(hook, values[id(hook)]) for hook in self._hooks])
+
+    @property
+    def compile_count(self) -> int:
+        """How many restart programs were compiled (one per set of hooks read together)."""
+        return len(self._restart)
+
+
+class Read:
+    """One read of the accumulators: the copy to the host starts at once, and the values
+    are delivered (every hook's `after_read`) the first time they are needed."""
+
+    def __init__(self, monitors: Monitors, step: int, carry: jax.Array, steps: dict[int, int]):
+        self._monitors, self.step, self._carry, self._steps = monitors, step, carry, steps
+        self._values: dict[int, dict[str, Any]] | None = None
+        if carry.is_fully_addressable:
+            carry.copy_to_host_async()
+
+    def host(self) -> dict[int, dict[str, Any]]:
+        if self._values is None:
+            carry = self._carry
+            host = np.asarray(carry if carry.is_fully_addressable else carry.addressable_data(0))
+            self._values = self._monitors.results(host, self._steps)
+            self._carry = None
+            self._monitors.deliver(self.step, self._values)
+        return self._values
+
+    def values(self, hook: Any) -> dict[str, Any]:
+        return self.host().get(id(hook), {})

@@ -1,0 +1,311 @@
+"""Accumulators on the device: NaN checks and window means computed inside the compiled
+step, read on the host only at a trigger, a save, sync() or close()."""
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmon as jm
+
+
+def counting_step(state, batch):
+    """State {"n": steps done, "w": a running sum of the losses}; the loss is the step
+    number, except NaN at step 37."""
+    n = state["n"] + 1
+    loss = jnp.where(n == 37, jnp.nan, n.astype(jnp.float32))
+    return {"n": n, "w": state["w"] + loss}, {"loss": loss}
+
+
+def fresh():
+    return {"n": jnp.zeros((), jnp.int32), "w": jnp.zeros((), jnp.float32)}
+
+
+def forever():
+    while True:
+        yield {}
+
+
+def saved_steps(directory):
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+# -- NanHook: the exact first non-finite step ------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_a_nan_at_step_37_is_reported_as_step_37_and_no_checkpoint_holds_it(k, tmp_path):
+    saver = jm.CheckpointSaverHook(tmp_path, save_steps=10)
+    with pytest.raises(jm.NanLossDuringTrainingError) as info:
+        with jm.MonitoredSession(counting_step, fresh, data=forever(), steps_per_dispatch=k,
+                                 hooks=[jm.NanHook("loss"), saver, jm.StopAtStepHook(last_step=100)]) as sess:
+            while not sess.should_stop():
+                sess.run()
+    assert info.value.step == 37 and np.isnan(info.value.value)
+    assert "at step 37" in str(info.value)
+    # The save of step 40 read the check first: it raised instead of saving.
+    assert sess.step == 40
+    assert saved_steps(tmp_path) == [0, 10, 20, 30]
+    latest = jm.restore_checkpoint(tmp_path)
+    assert latest.step == 30 and int(latest.state["n"]) == 30
+    assert np.isfinite(latest.state["w"]) and float(latest.state["w"]) == sum(range(1, 31))
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_a_clean_nan_stop_saves_nothing_at_or_after_the_bad_step(k, tmp_path):
+    saver = jm.CheckpointSaverHook(tmp_path, save_steps=10)
+    with jm.MonitoredSession(counting_step, fresh, data=forever(), steps_per_dispatch=k,
+                             hooks=[jm.NanHook("loss", fail_on_nan_loss=False), saver,
+                                    jm.StopAtStepHook(last_step=100)]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 40 and sess.state_rejected and "step 37" in sess.state_rejected
+    assert saved_steps(tmp_path) == [0, 10, 20, 30]  # neither step 40 nor the final save at end
+
+
+def test_nan_hook_reads_every_n_steps_and_raises_at_that_read():
+    hook = jm.NanHook("loss", every_n_steps=25)
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[hook])
+    steps_run = []
+    with pytest.raises(jm.NanLossDuringTrainingError) as info:
+        for _ in range(100):
+            sess.run({})
+            steps_run.append(sess.step)
+    # Reads after steps 1, 26 and 51 (delivered a run late): the one of step 51 raises during step 52.
+    assert info.value.step == 37 and sess.step == 52 and steps_run[-1] == 51
+    sess.close()
+
+
+def test_every_n_steps_1_acts_by_the_next_run():
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[jm.NanHook("loss", every_n_steps=1)])
+    for _ in range(37):
+        sess.run({})
+    with pytest.raises(jm.NanLossDuringTrainingError) as info:
+        sess.run({})
+    assert info.value.step == 37 and sess.step == 38
+    sess.close()
+
+
+def test_skip_updates_keeps_the_last_finite_state_up_to_the_limit():
+    def step(state, batch):  # the batch says whether this step's loss is infinite
+        n = state["n"] + 1
+        loss = jnp.where(batch["bad"], jnp.inf, 1.0)
+        return {"n": n, "w": state["w"] + loss}, {"loss": loss}
+
+    two_bad = [{"bad": np.bool_(4 <= i <= 5)} for i in range(10)]  # steps 5 and 6
+    sess = jm.MonitoredSession(step, fresh, hooks=[jm.NanHook("loss", every_n_steps=1, skip_updates=2)])
+    for batch in two_bad:
+        sess.run(batch)
+    sess.sync()
+    # Steps 5 and 6 kept the state of step 4: 8 updates of the 10 steps made it in.
+    assert int(sess.state["n"]) == 8 and float(sess.state["w"]) == 8.0 and sess.step == 10
+    sess.close()
+
+    three_bad = [{"bad": np.bool_(4 <= i <= 6)} for i in range(10)]  # steps 5, 6 and 7
+    sess = jm.MonitoredSession(step, fresh, hooks=[jm.NanHook("loss", every_n_steps=1, skip_updates=2)])
+    with pytest.raises(jm.NanLossDuringTrainingError) as info:
+        for batch in three_bad:
+            sess.run(batch)
+    assert info.value.step == 7  # the third in a row is reported
+    sess.close()
+
+
+def test_skip_updates_must_be_a_count():
+    with pytest.raises(ValueError, match="skip_updates"):
+        jm.NanHook("loss", skip_updates=-1)
+
+
+# -- window means ------------------------------------------------------------------------------
+
+
+class WindowMax(jm.Reduction):
+    """A user's reduction: the largest value since the last read."""
+
+    def init(self, value):
+        return np.full(value.shape, -np.inf, np.float32)
+
+    def update(self, acc, value, step):
+        return jnp.maximum(acc, value)
+
+    def result(self, acc, steps):
+        return float(acc)
+
+
+class MaxEvery(jm.Hook):
+    def __init__(self, every):
+        self.every, self.seen, self.reads = every, [], []
+        self.accumulators = {"max": WindowMax("loss"), "mean": jm.Mean("loss")}
+
+    def before_run(self, ctx):
+        return jm.RunArgs(read=True) if ctx.next_step % self.every == 0 else None
+
+    def after_run(self, ctx, values):
+        if values.accumulated is not None:
+            self.seen.append((values.step, values.accumulated["max"], float(values.accumulated["mean"])))
+
+    def after_read(self, step, values):
+        self.reads.append(step)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_hook_reads_its_own_reduction_over_each_window(k):
+    hook = MaxEvery(every=4)
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[hook], steps_per_dispatch=k)
+    for _ in range(12 // k):
+        sess.run([{}] * k if k > 1 else {})
+    assert hook.seen == [(4, 4.0, 2.5), (8, 8.0, 6.5), (12, 12.0, 10.5)]
+    sess.close()
+    assert hook.reads == [4, 8, 12]  # close had nothing new to read
+    assert sess.compile_count == 1 and sess._monitors.compile_count == 1
+
+
+def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
+    def run_to(last_step, writer):
+        hooks = [jm.CheckpointSaverHook(tmp_path, save_steps=8),
+                 jm.SummarySaverHook(save_steps=8, summary_writer=writer), jm.StopAtStepHook(last_step=last_step)]
+        with jm.MonitoredSession(counting_step, fresh, data=forever(), hooks=hooks) as sess:
+            while not sess.should_stop():
+                sess.run()
+
+    first, second = jm.JsonlWriter(tmp_path / "a.jsonl"), jm.JsonlWriter(tmp_path / "b.jsonl")
+    run_to(8, first)
+    run_to(17, second)  # restores step 8: writes at 9 (the first run) and 17
+    first.close()
+    second.close()
+    with open(tmp_path / "b.jsonl") as lines:
+        rows = [row for row in map(json.loads, lines) if "loss" in row]
+    assert [(row["step"], row["loss"]) for row in rows] == [(9, 9.0), (17, np.mean(np.arange(10, 18)))]
+
+
+def test_accumulators_must_be_reductions():
+    class Bad(jm.Hook):
+        accumulators = {"x": "loss"}
+
+    with pytest.raises(TypeError, match=r"accumulators\['x'\] is 'loss', not a jm.Reduction"):
+        jm.MonitoredSession(counting_step, fresh, hooks=[Bad()])
+
+
+def test_a_reduction_of_a_missing_output_names_the_outputs():
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[jm.NanHook("lost")])
+    with pytest.raises(ValueError, match=r"'lost', which is not an output .* \['loss'\]"):
+        sess.run({})
+    sess.close()
+
+
+# -- no host read between triggers -----------------------------------------------------------
+
+
+def slow_step(state, batch):
+    x = jax.lax.fori_loop(0, 30, lambda i, x: jnp.tanh(x @ x), state)
+    return x, {"loss": x[0, 0] + batch["x"]}
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_waiting(k, tmp_path):
+    one = jax.jit(slow_step)
+    state = jnp.eye(384, dtype=jnp.float32) * 0.5
+    batch = {"x": np.float32(1.0)}
+    jax.block_until_ready(one(state, batch))
+    one_step = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(one(state, batch))
+        one_step.append(time.perf_counter() - start)
+
+    data = iter(lambda: batch, None)
+    with jm.MonitoredTrainingSession(slow_step, lambda: jnp.eye(384, dtype=jnp.float32) * 0.5, data=data,
+                                     checkpoint_dir=tmp_path, steps_per_dispatch=k,
+                                     hooks=[jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss")]) as sess:
+        for _ in range(3):  # the first triggers (summaries at step 1, the first log line and read) and compiles
+            sess.run()
+        jax.block_until_ready(sess.state)
+        compiled = sess.compile_count
+        start = time.perf_counter()
+        for _ in range(5):  # steps 2 or 17 to 7 or 57: no trigger fires
+            sess.run()
+        dispatch_five = time.perf_counter() - start
+        jax.block_until_ready(sess.state)
+        assert sess.step < 100
+        assert sess.compile_count == compiled
+    assert dispatch_five < min(one_step), (dispatch_five, one_step)
+
+
+# -- batches on the device ahead of their step -------------------------------------------------
+
+
+class BatchKinds(jm.Hook):
+    def __init__(self):
+        self.kinds = []
+
+    def before_run(self, ctx):
+        self.kinds.append(type(ctx.original_args.feeds["x"]))
+
+
+def test_host_batches_go_to_the_device_two_runs_ahead():
+    taken = []
+
+    def data():
+        for i in range(5):
+            taken.append(i)
+            yield {"x": np.full((3,), i, np.float32)}
+
+    def step(state, batch):
+        return state + batch["x"].sum(), {}
+
+    kinds = BatchKinds()
+    with jm.MonitoredSession(step, lambda: jnp.zeros(()), data=data(), hooks=[kinds]) as sess:
+        sess.run()
+        assert taken == [0, 1, 2]  # the run's batch and two more, already copied to the device
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 5 and float(sess.state) == 3 * sum(range(5))
+    assert all(issubclass(kind, jax.Array) for kind in kinds.kinds)
+
+
+def test_an_iterator_with_set_state_gets_back_the_batches_taken_ahead():
+    source = jm.ArrayDataSource({"x": np.arange(20, dtype=np.float32)}, batch_size=2, shuffle=False)
+
+    def step(state, batch):
+        return state + batch["x"].sum(), {"seen": batch["x"][0]}
+
+    first = jm.MonitoredSession(step, lambda: jnp.zeros(()), data=source)
+    for _ in range(3):
+        first.run()
+    first.close()
+    with jm.MonitoredSession(step, lambda: jnp.zeros(()), data=source) as second:
+        assert float(second.run(fetches="seen")["seen"]) == 6.0  # the 4th batch: nothing skipped
+
+
+def test_an_error_taking_a_batch_ahead_comes_when_that_batch_is_due():
+    def data():
+        yield {"x": np.float32(1)}
+        yield {"x": np.float32(2)}
+        raise OSError("the file went away")
+
+    sess = jm.MonitoredSession(lambda s, b: (s + b["x"], {}), lambda: jnp.zeros(()), data=data())
+    sess.run()
+    sess.run()
+    with pytest.raises(OSError, match="went away"):
+        sess.run()
+    assert sess.step == 2 and float(sess.state) == 3.0
+    sess.close()
+
+
+def test_prefetch_zero_takes_each_batch_when_its_run_starts():
+    taken = []
+
+    def data():
+        for i in range(3):
+            taken.append(i)
+            yield {"x": np.float32(i)}
+
+    sess = jm.MonitoredSession(lambda s, b: (s + b["x"], {}), lambda: jnp.zeros(()), data=data(), prefetch=0)
+    sess.run()
+    assert taken == [0]
+    sess.close()
+    with pytest.raises(ValueError, match="prefetch"):
+        jm.MonitoredSession(lambda s, b: (s, {}), lambda: jnp.zeros(()), prefetch=-1)
