@@ -31,7 +31,8 @@ class BatchSource:
       prefetch: with one step per run, keep this many batches taken ahead with their
         host arrays already on their way to the device (`jax.device_put` returns at
         once, as flax's `prefetch_to_device`), so that the copy overlaps the steps
-        before; 0 takes each batch when its run starts.
+        before; 0 (or data whose first batch is already on the device) takes each
+        batch when its run starts.
     """
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
@@ -97,8 +98,11 @@ class BatchSource:
     def _take(self) -> Any:
         """The data's next batch; with `prefetch`, its host arrays on their way to the device."""
         batch = next(self._data)
-        if self._prefetch and any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
-            batch = jax.device_put(batch)
+        if self._prefetch:
+            if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
+                batch = jax.device_put(batch)
+            elif not self._buffer:  # data already on the device: nothing to gain from taking it ahead
+                self._prefetch = 0
         return batch
 
     def _get_state(self) -> Any:

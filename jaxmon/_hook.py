@@ -170,7 +170,9 @@ class Hook:
     #: runs outside the state: `{name: jm.Mean("loss")}` (see `jm.Reduction`). Set it
     #: in `__init__`. Nothing is read on the host until a run whose `before_run`
     #: returns `RunArgs(read=True)`, a checkpoint save, `sync()` or `close()`: at every
-    #: such read, `after_read` gets the values.
+    #: such read, `after_read` gets the values. With several JAX processes every
+    #: process must declare the same accumulators in the same hook order (each runs
+    #: the same program); `MonitoredTrainingSession` does so for its chief-only hooks.
     accumulators: Mapping[str, Any] = types.MappingProxyType({})
 
     def after_read(self, step: int, values: dict[str, Any]) -> None:

@@ -222,13 +222,13 @@ class Monitors:
         self._sharding: Any = None
         self.carry: jax.Array | None = None
         self._since: dict[int, int] = {}
-        self._read_step: int | None = None
+        self._last_read: Read | None = None
         self._step = 0
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
 
     def start(self, step: int) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh."""
-        self.carry, self._step, self._read_step = None, step, None
+        self.carry, self._step, self._last_read = None, step, None
         self._since = {id(hook): step for hook in self._hooks}
 
     def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, sharding: Any) -> None:
@@ -263,13 +263,17 @@ class Monitors:
             if keep:
                 ok = jnp.all(jnp.stack(keep))
                 new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
-        return self._layout.pack([step, *accs]), new_state
+        carry = self._layout.pack([step, *accs])
+        if self._sharding is not None:  # one copy on every device, whatever the values' shardings
+            carry = jax.lax.with_sharding_constraint(carry, self._sharding)
+        return carry, new_state
 
     def read(self, step: int, readers: list[Any]) -> Read:
         """A read of the carry after the run that ended at `step`, for `readers` (hooks
         that asked); their accumulators start again from this step."""
-        carry, self._read_step = self.carry, step
-        read = Read(self, step, carry, {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
+        carry = self.carry
+        read = self._last_read = Read(self, step, carry,
+                                      {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
                    if reduction.restarts and any(hook is r for r in readers)]
         for hook in readers:
@@ -287,8 +291,11 @@ class Monitors:
                 entry[2] = read
 
     def read_now(self, step: int) -> None:
-        """Reads the carry now unless this step's was read already (sync, save, close)."""
-        if self.carry is not None and self._read_step != step:
+        """Delivers a read of `step` now (sync, save, close): the run's own, when a hook
+        read at that step (delivered now if it was not yet), else a new one."""
+        if self._last_read is not None and self._last_read.step == step:
+            self._last_read.host()
+        elif self.carry is not None:
             self.read(step, []).host()
 
     def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
@@ -326,8 +333,7 @@ class Read:
     def __init__(self, monitors: Monitors, step: int, carry: jax.Array, steps: dict[int, int]):
         self._monitors, self.step, self._carry, self._steps = monitors, step, carry, steps
         self._values: dict[int, dict[str, Any]] | None = None
-        if carry.is_fully_addressable:
-            carry.copy_to_host_async()
+        (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
 
     def host(self) -> dict[int, dict[str, Any]]:
         if self._values is None:

@@ -67,6 +67,45 @@ def test_a_clean_nan_stop_saves_nothing_at_or_after_the_bad_step(k, tmp_path):
     assert saved_steps(tmp_path) == [0, 10, 20, 30]  # neither step 40 nor the final save at end
 
 
+class ReadsAt(jm.Hook):
+    """Reads its own accumulator (not late) at one step."""
+
+    def __init__(self, step):
+        self.step, self.accumulators = step, {"mean": jm.Mean("loss")}
+
+    def before_run(self, ctx):
+        return jm.RunArgs(read=True) if ctx.next_step == self.step else None
+
+
+def test_a_save_at_the_step_another_hook_reads_still_checks_for_nan_first(tmp_path):
+    def nan_at_5(state, batch):
+        n = state["n"] + 1
+        loss = jnp.where(n == 5, jnp.nan, 1.0)
+        return {"n": n, "w": state["w"] + loss}, {"loss": loss}
+
+    hooks = [jm.CheckpointSaverHook(tmp_path, save_steps=5), ReadsAt(5), jm.NanHook("loss", every_n_steps=1000)]
+    sess = jm.MonitoredSession(nan_at_5, fresh, hooks=hooks)
+    with pytest.raises(jm.NanLossDuringTrainingError) as info:
+        for _ in range(5):
+            sess.run({})
+    assert info.value.step == 5 and sess.step == 5
+    sess.close()
+    assert saved_steps(tmp_path) == [0]
+
+
+def test_a_caught_nan_error_then_close_saves_nothing_after_the_bad_step(tmp_path):
+    hooks = [jm.NanHook("loss", every_n_steps=10), jm.CheckpointSaverHook(tmp_path, save_steps=25)]
+    sess = jm.MonitoredSession(counting_step, fresh, data=forever(), hooks=hooks)
+    try:
+        while True:
+            sess.run()
+    except jm.NanLossDuringTrainingError as error:
+        assert error.step == 37
+    finally:
+        sess.close()  # a clean close: every end, so the saver's final save, is called
+    assert saved_steps(tmp_path) == [0, 25] and sess.state_rejected
+
+
 def test_nan_hook_reads_every_n_steps_and_raises_at_that_read():
     hook = jm.NanHook("loss", every_n_steps=25)
     sess = jm.MonitoredSession(counting_step, fresh, hooks=[hook])

@@ -56,7 +56,8 @@ class LoggingHook(Hook):
       fetches: what to log: a dict `{tag: name or fn(state, batch, outputs)}` (logged
         in sorted tag order), or a list of output names (in the given order).
       every_n_iter, every_n_secs: the period; give exactly one, unless `at_end` alone.
-      at_end: also log the values on the final state at `end`.
+      at_end: also log the values on the final state at `end` (the last step's
+        values, not means).
       formatter: `formatter(values: dict) -> str`; the default is
         `"tag = value, ..."` with the seconds since the previous line.
       reduce: "mean" (default) or "last" (TF's value of the logged step) for fetches

@@ -37,7 +37,8 @@ class NanHook(Hook):
       skip_updates: 0 (default) keeps every update. n > 0 keeps the state of the step
         before a non-finite loss instead (a `jnp.where` on the device, no host
         sync), up to n consecutive steps; the (n + 1)-th non-finite step in a row is
-        then reported. Skipped steps still count as steps and are logged at reads.
+        then reported. Skipped steps still count as steps (their outputs reach the
+        other hooks' window means) and are logged at reads.
 
     Example:
       >>> import jaxmon as jm
@@ -55,6 +56,7 @@ class NanHook(Hook):
         self._skipped = 0
 
     def begin(self) -> None:
+        self.timer.reset()
         self._done, self._skipped = False, 0
 
     def after_create_session(self, session) -> None:
@@ -75,17 +77,17 @@ class NanHook(Hook):
         if first["step"] is None or self._done:
             return
         where = f"{self.fetch!r} = {first['value']} at step {first['step']}"
+        self._done = True
+        if self._session is not None:  # never saved, even by a close() after the error was caught
+            self._session.reject_state(f"NanHook saw {where}")
         if self.fail_on_nan_loss:
-            self._done = True
             logger.error("Model diverged with loss = NaN: %s (seen at step %d).", where, step)
             raise NanLossDuringTrainingError(
                 f"NaN loss during training: {where}. Lower the learning rate, clip gradients, or check "
                 "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead.",
                 step=first["step"], value=first["value"])
         logger.warning("NaN loss during training: %s; stopping at step %d.", where, step)
-        self._done = True
         if self._session is not None:
-            self._session.reject_state(f"NanHook saw {where}")
             self._session.request_stop()
 
     def __repr__(self) -> str:

@@ -57,7 +57,7 @@ class ProgressBarHook(Hook):
         self._total: int | None = None
         self._drawn = False
         self.reduce = check_reduce("ProgressBarHook", reduce)
-        if reduce == "mean" and self.fetches and self._decide_enabled():  # nothing carried for a quiet bar
+        if reduce == "mean" and self.fetches:  # quiet too: every process of a run compiles the same step
             self.accumulators = {"mean": Mean(list(self.fetches))}
 
     def _decide_enabled(self) -> bool:
