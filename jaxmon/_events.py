@@ -54,6 +54,10 @@ class HookEvents:
 
     def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None]):
         self.hooks = _check_hooks(() if hooks is None else hooks)
+        # (hook, whether it has a before_run, whether it has an after_run, whether it sleeps
+        # between step triggers): a run calls no event that does nothing on it.
+        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), _sleeps(hook)) for hook in self.hooks]
+        self._wake = [0] * len(self._calls)  # the step a sleeping hook's next call must reach
         self._request_stop = request_stop
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
@@ -62,6 +66,7 @@ class HookEvents:
         self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
+        self._wake = [0] * len(self._calls)
         self._each("after_create_session", session.step, session)
 
     def end(self, session: Any) -> None:
@@ -85,7 +90,19 @@ class HookEvents:
 
     def before_run(self, ctx: RunContext) -> Requests:
         requests = Requests()
-        for hook in self.hooks:
+        next_step = ctx.step + ctx.steps
+        for i, (hook, before, after, idle) in enumerate(self._calls):
+            if idle:
+                if next_step < self._wake[i]:
+                    continue  # nothing to do before its next trigger
+                steps = hook.timer.steps_to_next_trigger(ctx.step)
+                if steps is not None and next_step < ctx.step + steps:
+                    self._wake[i] = ctx.step + steps
+                    continue
+            if not before:
+                if after:
+                    requests.now.append([hook, None, None])
+                continue
             try:
                 args = hook.before_run(ctx)
                 if args is not None:
@@ -95,7 +112,8 @@ class HookEvents:
                 continue
             entry = [hook, None, None]
             if args is None:
-                requests.now.append(entry)
+                if after:
+                    requests.now.append(entry)
                 continue
             (requests.late if args.late else requests.now).append(entry)
             if args.fetches is not None or args.feeds:
@@ -206,6 +224,25 @@ def _local_copy(array: jax.Array) -> np.ndarray:
             "sum (a loss, a metric), or jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec()) "
             "in a fetch function.")
     return np.asarray(array.addressable_data(0))
+
+
+def _has(hook: Hook, event: str) -> bool:
+    """Whether `hook` does something on `event` (the base class's does nothing)."""
+    return event in vars(hook) or getattr(type(hook), event) is not getattr(Hook, event)
+
+
+def _sleeps(hook: Hook) -> bool:
+    """Whether the session may skip `hook`'s run events between its timer's triggers: it
+    says so (`idle_between_triggers`), and no subclass or instance of the class that
+    said so replaced those events."""
+    if not hook.idle_between_triggers or hook.timer is None or {"before_run", "after_run"} & set(vars(hook)):
+        return False
+    for cls in type(hook).__mro__:
+        if "idle_between_triggers" in vars(cls):
+            return True
+        if {"before_run", "after_run"} & set(vars(cls)):
+            return False
+    return False
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:

@@ -180,6 +180,13 @@ class Hook:
         `close()`'s) with this hook's `{name: result}` after `step`, before the
         `after_run` that delivers them to the hooks that asked."""
 
+    #: True for a hook with a `timer` whose `before_run` and `after_run` do nothing on a
+    #: run that ends before the timer's next step trigger: the session then skips both
+    #: calls on such runs, so that the hook costs nothing between its triggers (a timer
+    #: that counts seconds is asked every run). A hook that counts runs or checks
+    #: something on every run leaves it False.
+    idle_between_triggers: bool = False
+
     #: The directory this hook writes checkpoints to, if it does: a session given no
     #: `checkpoint_dir` restores from the first hook's.
     checkpoint_dir: str | None = None

@@ -348,3 +348,61 @@ def test_prefetch_zero_takes_each_batch_when_its_run_starts():
     sess.close()
     with pytest.raises(ValueError, match="prefetch"):
         jm.MonitoredSession(lambda s, b: (s, {}), lambda: jnp.zeros(()), prefetch=-1)
+
+
+# -- hooks that sleep between their triggers -------------------------------------------------
+
+
+class Sleepy(jm.Hook):
+    idle_between_triggers = True
+
+    def __init__(self, every):
+        self.timer, self.before, self.after = jm.SecondOrStepTimer(every_steps=every), [], []
+
+    def before_run(self, ctx):
+        self.before.append(ctx.next_step)
+        return jm.RunArgs(fetches=["loss"]) if self.timer.due(ctx.next_step) else None
+
+    def after_run(self, ctx, values):
+        self.after.append((values.step, None if values.results is None else float(values.results["loss"])))
+
+
+def test_a_hook_idle_between_triggers_is_called_only_on_runs_that_reach_one():
+    sleepy = Sleepy(every=10)
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[sleepy])
+    for _ in range(30):
+        sess.run({})
+    sess.close()
+    assert sleepy.before == [1, 11, 21]
+    assert sleepy.after == [(1, 1.0), (11, 11.0), (21, 21.0)]
+
+
+def test_a_subclass_that_replaces_an_event_is_called_every_run(tmp_path):
+    class Counting(jm.StepCounterHook):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.steps = []
+
+        def after_run(self, ctx, values):
+            self.steps.append(values.step)
+            super().after_run(ctx, values)
+
+    hook = Counting(every_n_steps=10, output_dir=tmp_path)
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[hook])
+    for _ in range(12):
+        sess.run({})
+    sess.close()
+    assert hook.steps == list(range(1, 13))
+
+
+def test_the_built_in_periodic_hooks_sleep_between_their_step_triggers(tmp_path):
+    hooks = [jm.StepCounterHook(every_n_steps=10, output_dir=tmp_path),
+             jm.SummarySaverHook(save_steps=10, output_dir=tmp_path), jm.NanHook("loss", every_n_steps=10)]
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=hooks)
+    woken = []
+    for _ in range(25):
+        sess.run({})
+        woken.append(list(sess._events._wake))
+    sess.close()
+    # Each is next needed at the step of its next trigger (the step counter's first trigger only starts its clock).
+    assert woken[1] == [11, 11, 11] and woken[10] == [11, 11, 11] and woken[11] == [21, 21, 21]

@@ -45,6 +45,8 @@ class NanHook(Hook):
       >>> hook = jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=50)
     """
 
+    idle_between_triggers = True
+
     def __init__(self, fetch: Any = "loss", fail_on_nan_loss: bool = True, every_n_steps: int = 100, *,
                  skip_updates: int = 0, clock: Callable[[], float] = time.monotonic):
         _errors.check_int("NanHook skip_updates", skip_updates)

@@ -42,6 +42,8 @@ class StepCounterHook(Hook):
       >>> hook = jm.StepCounterHook(every_n_steps=100, output_dir="runs/example")
     """
 
+    idle_between_triggers = True
+
     def __init__(self, every_n_steps: int | None = 100, every_n_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
                  batch_size: int | None = None, tag: str = "global_step/sec", on_error: str = "raise",

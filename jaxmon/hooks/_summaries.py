@@ -77,6 +77,8 @@ class SummarySaverHook(Hook):
       ...     "params": jm.Histogram(lambda state, batch, outputs: state.params)})
     """
 
+    idle_between_triggers = True
+
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
                  summaries: Mapping[str, Any] | None = None, *, hparams: Mapping[str, Any] | None = None,
