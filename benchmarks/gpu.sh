@@ -4,7 +4,7 @@
 # (tensorboardX: `.venv/bin/pip download --no-deps -d .wheels tensorboardX`) are installed
 # from there first.
 #
-# Usage: bash benchmarks/gpu.sh [SCRIPT [ARGS...]]   (default: benchmarks/core_overhead.py)
+# Usage: bash benchmarks/gpu.sh [SCRIPT [ARGS...]]   (default: benchmarks/suite.py --no-peers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".wheels/*.whl" >/dev/null; then
@@ -12,5 +12,5 @@ if compgen -G ".wheels/*.whl" >/dev/null; then
 fi
 python3 -c 'import jax, tensorboardX, yaml; print("devices:", jax.devices(), "jax", jax.__version__, file=__import__("sys").stderr)'
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ "$#" -eq 0 ]; then set -- benchmarks/core_overhead.py; fi
+if [ "$#" -eq 0 ]; then set -- benchmarks/suite.py --no-peers; fi
 exec python3 "$@"

@@ -15,11 +15,14 @@ import jax
 
 def local(maker: Callable[[], Callable[[int], Any]], warmup: int) -> Callable[[int], float]:
     """A measurement of a variant run in this process: `maker()` returns `run(steps) ->
-    pytree` (optionally with a `close()`); `warmup` steps run outside the timing
-    (compiles, first triggers), then `steps` are timed. Returns microseconds per step."""
+    pytree` (optionally with a `close()`, and a `settle()` that waits for background
+    work the warmup started, such as the checkpoint of step 0); `warmup` steps run
+    outside the timing (compiles, first triggers), then `steps` are timed. Returns
+    microseconds per step."""
     def measure(steps: int) -> float:
         run = maker()
         jax.block_until_ready(run(warmup))
+        getattr(run, "settle", lambda: None)()
         start = time.perf_counter()
         jax.block_until_ready(run(steps))
         elapsed = time.perf_counter() - start
@@ -39,7 +42,11 @@ def session_runner(sess) -> Callable[[int], Any]:
         sess.sync()
         return sess.state
 
-    run.close = sess.close
+    def settle() -> None:
+        for hook in sess.hooks:
+            hook.wait_until_finished()
+
+    run.close, run.settle = sess.close, settle
     return run
 
 
@@ -71,6 +78,10 @@ def summary(times: dict[str, list[float]], *references: str, **fields: Any) -> d
         "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
         **{f"ratio_to_{reference}": {k: round(v / medians[reference], 3) for k, v in medians.items()}
            for reference in references},
+        # The ratio within each round (the variants of one round ran minutes apart at most), then the median.
+        **{f"median_round_ratio_to_{reference}": {
+            k: round(statistics.median(a / b for a, b in zip(t, times[reference], strict=True)), 3)
+            for k, t in times.items()} for reference in references},
     }
 
 
