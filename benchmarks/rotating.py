@@ -62,6 +62,33 @@ def rotate(measures: dict[str, Callable[[int], float]], steps: int, rounds: int)
     return times
 
 
+def interleave(makers: dict[str, Callable[[], Callable[[int], Any]]], steps: int, rounds: int, warmup: int,
+               slices: int = 8) -> dict[str, list[float]]:
+    """Microseconds per step of each variant, one figure per round, with the variants
+    side by side: each round builds every variant, warms each up (see `local`), then
+    times `steps` steps of each in `slices` alternating slices (the order rotating every
+    slice), so that a slow second of the machine falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in makers}
+    names = list(makers)
+    per_slice = max(1, steps // slices)
+    for _ in range(rounds):
+        runs = {}
+        for name in names:
+            runs[name] = makers[name]()
+            jax.block_until_ready(runs[name](warmup))
+            getattr(runs[name], "settle", lambda: None)()
+        spent = dict.fromkeys(names, 0.0)
+        for i in range(slices):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                start = time.perf_counter()
+                jax.block_until_ready(runs[name](per_slice))
+                spent[name] += time.perf_counter() - start
+        for name in names:
+            getattr(runs[name], "close", lambda: None)()
+            times[name].append(spent[name] / (per_slice * slices) * 1e6)
+    return times
+
+
 def time_rotating(makers: dict[str, Callable[[], Callable[[int], Any]]], steps: int, rounds: int,
                   warmup: int) -> dict[str, list[float]]:
     """`rotate` over variants run in this process (see `local`)."""

@@ -24,6 +24,7 @@ The peers run in their own environments (`make bench-peers` creates them under
 ratios to bare_jit and to bare_scan32, versions.
 
 Run: .venv/bin/python benchmarks/suite.py [--workload small|large] [--steps 3200|1000] [--rounds 7]
+     [--interleave] [--no-peers]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import jax
 import orbax.checkpoint as ocp
 import tensorboardX
 from core_overhead import make_large_workload, make_workload
-from rotating import format_logs_into_void, local, rotate, session_runner, summary
+from rotating import format_logs_into_void, interleave, local, rotate, session_runner, summary
 from steps_per_dispatch import variants as bare_variants
 
 import jaxmon as jm
@@ -171,6 +172,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (1056)")
     parser.add_argument("--peers-dir", default=os.path.join(os.path.dirname(HERE), ".venv-peers"))
     parser.add_argument("--no-peers", action="store_true", help="only this environment's variants")
+    parser.add_argument("--interleave", action="store_true",
+                        help="time this environment's variants side by side in alternating slices of each round")
     args = parser.parse_args()
     steps = args.steps or (3200 if args.workload == "small" else 1000)
     # Past the first triggers, so that every run length they cut is compiled before the
@@ -180,14 +183,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as logdir:
         init_fn, step_fn, batch = (make_workload if args.workload == "small" else make_large_workload)()
         bare = bare_variants(init_fn, step_fn, batch, logdir)
-        measures = {name: local(maker, warmup) for name, maker in {
+        makers = {
             "bare_jit": bare["bare_jit"],
             "bare_scan32": bare["bare_scan32"],
             "session_no_hooks": session_variant(init_fn, step_fn, batch, logdir, training=False),
             "mts_default": session_variant(init_fn, step_fn, batch, logdir, training=True),
             "mts_default_k32": session_variant(init_fn, step_fn, batch, logdir, training=True, k=32),
             "naive": naive_variant(init_fn, step_fn, batch, logdir),
-        }.items()}
+        }
+        measures = {name: local(maker, warmup) for name, maker in makers.items()}
         versions = {"jaxmon": jm.__version__, "jax": jax.__version__, "orbax-checkpoint": ocp.__version__}
         skipped, workers = {}, []
         if not args.no_peers:
@@ -195,7 +199,13 @@ def main() -> None:
             measures |= peer_measures
             versions |= peer_versions
         try:
-            times = rotate(measures, steps, args.rounds)
+            if args.interleave:  # this environment's variants side by side, in slices
+                times = interleave(makers, steps, args.rounds, warmup)
+                if workers:
+                    times |= rotate({name: m for name, m in measures.items() if name not in makers}, steps,
+                                    args.rounds)
+            else:
+                times = rotate(measures, steps, args.rounds)
         finally:
             for worker in workers:
                 worker.close()

@@ -139,7 +139,8 @@ class HookEvents:
             caller, host = to_host((caller, [entry[1] for entry in requests.now]))
             for entry, results in zip(requests.now, host, strict=True):
                 entry[1] = results
-        self._call_after_run(ctx, step, outputs, requests.now)
+        if requests.now or ctx.stop_requested:
+            self._call_after_run(ctx, step, outputs, requests.now)
         return caller
 
     def deliver_late(self) -> None:
