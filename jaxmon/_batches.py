@@ -60,7 +60,7 @@ class BatchSource:
             while len(self._buffer) < self._prefetch and self._deferred is None:
                 try:
                     self._take_ahead()
-                except (Exception, StopIteration) as error:  # raised when that batch is due, not now
+                except Exception as error:  # StopIteration too: raised when that batch is due, not now
                     self._deferred = error
             return batch
         length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
