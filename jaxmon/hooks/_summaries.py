@@ -66,9 +66,9 @@ class SummarySaverHook(Hook):
       summaries: extra summaries `{tag: spec}`; a spec is an output name or a callable
         `fn(state, batch, outputs)` for scalars (a pytree of scalars is tagged
         `tag/path`), or `jm.Histogram(fetch)`, `jm.Image(fetch)`, `jm.Text(fetch, format)`.
+      reduce: "mean" (default) or "last", for the scalar outputs.
       hparams: hyper-parameters (a possibly nested dict), written once.
       output_scalars: write the step's scalar outputs (default True).
-      reduce: "mean" (default) or "last", for the scalar outputs.
       on_error: "raise" (default) or "warn" (keep training if writing fails).
 
     Example:
@@ -81,8 +81,8 @@ class SummarySaverHook(Hook):
 
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
-                 summaries: Mapping[str, Any] | None = None, *, hparams: Mapping[str, Any] | None = None,
-                 output_scalars: bool = True, reduce: str = "mean", on_error: str = "raise",
+                 summaries: Mapping[str, Any] | None = None, reduce: str = "mean", *,
+                 hparams: Mapping[str, Any] | None = None, output_scalars: bool = True, on_error: str = "raise",
                  clock: Callable[[], float] = time.monotonic):
         self.timer = timer_for("SummarySaverHook", clock, save_steps=save_steps, save_secs=save_secs)
         self._slot = WriterSlot("SummarySaverHook", output_dir, summary_writer, required=True)
