@@ -4,7 +4,6 @@ host only at a trigger (see `Hook.accumulators`)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -12,9 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._events import to_host
 from jaxmon._fetches import normalize
-
-logger = logging.getLogger("jaxmon")
 
 
 def check_reduce(owner: str, reduce: object) -> str:
@@ -115,8 +113,7 @@ class FirstNonFinite(Reduction):
 
     def init(self, value: Any) -> Any:
         self.size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(value))
-        minus_one = np.array(-1, np.int32)
-        return {"step": minus_one, "value": np.array(0, np.float32), "run": np.array(0, np.int32),
+        return {"step": np.array(-1, np.int32), "value": np.array(0, np.float32), "run": np.array(0, np.int32),
                 "skipped": np.array(0, np.int32)}
 
     def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
@@ -337,9 +334,7 @@ class Read:
 
     def host(self) -> dict[int, dict[str, Any]]:
         if self._values is None:
-            carry = self._carry
-            host = np.asarray(carry if carry.is_fully_addressable else carry.addressable_data(0))
-            self._values = self._monitors.results(host, self._steps)
+            self._values = self._monitors.results(to_host(self._carry), self._steps)
             self._carry = None
             self._monitors.deliver(self.step, self._values)
         return self._values

@@ -60,13 +60,10 @@ class ProgressBarHook(Hook):
         if reduce == "mean" and self.fetches:  # quiet too: every process of a run compiles the same step
             self.accumulators = {"mean": Mean(list(self.fetches))}
 
-    def _decide_enabled(self) -> bool:
-        stream = self._stream or sys.stderr
-        return self._enabled if self._enabled is not None else (
-            getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
-
     def begin(self) -> None:
-        self.enabled = self._decide_enabled()
+        stream = self._stream or sys.stderr
+        self.enabled = self._enabled if self._enabled is not None else (
+            getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
         self.timer.reset()
         self._drawn = False
 
