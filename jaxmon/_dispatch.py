@@ -16,7 +16,7 @@ from jaxmon._hook import Hook
 from jaxmon._monitors import Monitors
 from jaxmon._step import CompiledStep
 
-_NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
+NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
 
 
 class Dispatch:
@@ -74,7 +74,7 @@ class Dispatch:
         elif wanted is not None:
             plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
         else:
-            plan = _NOTHING_FETCHED
+            plan = NOTHING_FETCHED
         return batch, plan, fetching
 
     def __call__(self, state: Any, batch: Any, plan: _fetches.FetchPlan, length: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -50,14 +51,18 @@ class HookEvents:
     Args:
       hooks: the session's hooks.
       request_stop: called when a hook's `after_run` asked to stop.
+      quiet_runs: whether a run that every hook sleeps through may skip the events (one
+        process: several take part in every run's agreement).
     """
 
-    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None]):
+    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None], quiet_runs: bool = True):
         self.hooks = _check_hooks(() if hooks is None else hooks)
         # (hook, whether it has a before_run, whether it has an after_run, whether it sleeps
-        # between step triggers): a run calls no event that does nothing on it.
+        # between triggers): a run calls no event that does nothing on it.
         self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), _sleeps(hook)) for hook in self.hooks]
-        self._wake = [0] * len(self._calls)  # the step a sleeping hook's next call must reach
+        self._wake = [_AWAKE] * len(self._calls)  # (step, clock, time) a sleeping hook's next call must reach
+        # Runs that end before this step, while every clock is before its time, call no hook.
+        self._quiet_step, self._deadlines, self._quiet_runs = 0, [], quiet_runs
         self._request_stop = request_stop
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
@@ -66,7 +71,7 @@ class HookEvents:
         self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
-        self._wake = [0] * len(self._calls)
+        self._wake, self._quiet_step = [_AWAKE] * len(self._calls), 0
         self._each("after_create_session", session.step, session)
 
     def end(self, session: Any) -> None:
@@ -88,17 +93,34 @@ class HookEvents:
                 limit = min(limit, steps)
         return limit
 
+    def quiet(self, next_step: int) -> bool:
+        """Whether a run that ends at `next_step` calls no hook: every hook with run
+        events sleeps past it (see `Hook.idle_between_triggers`) and none waits for a
+        late delivery. Such a run skips `before_run` (and its `Requests`) altogether."""
+        if next_step >= self._quiet_step or self._late:
+            return False
+        for clock, deadline in self._deadlines:
+            if clock() >= deadline:
+                return False
+        return True
+
     def before_run(self, ctx: RunContext) -> Requests:
         requests = Requests()
         next_step = ctx.step + ctx.steps
+        quiet, deadlines = math.inf, []
+        wake_all = getattr(ctx.session, "preemption_requested", False)  # a save due now (CheckpointSaverHook)
         for i, (hook, before, after, idle) in enumerate(self._calls):
-            if idle:
-                if next_step < self._wake[i]:
+            if idle and not wake_all:
+                wake, clock, deadline = self._wake[i]
+                if next_step >= wake or (clock is not None and clock() >= deadline):
+                    wake, clock, deadline = self._wake[i] = _wake(hook, ctx.step)
+                if next_step < wake and (clock is None or clock() < deadline):
+                    quiet = min(quiet, wake)
+                    if clock is not None:
+                        deadlines.append((clock, deadline))
                     continue  # nothing to do before its next trigger
-                steps = hook.timer.steps_to_next_trigger(ctx.step)
-                if steps is not None and next_step < ctx.step + steps:
-                    self._wake[i] = ctx.step + steps
-                    continue
+            if before or after:
+                quiet = 0
             if not before:
                 if after:
                     requests.now.append([hook, None, None])
@@ -120,6 +142,7 @@ class HookEvents:
                 requests.asking.append((entry, args))
             if args.read:
                 requests.reading.append(entry)
+        self._quiet_step, self._deadlines = quiet if self._quiet_runs else 0, deadlines
         return requests
 
     def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
@@ -233,10 +256,10 @@ def _has(hook: Hook, event: str) -> bool:
 
 
 def _sleeps(hook: Hook) -> bool:
-    """Whether the session may skip `hook`'s run events between its timer's triggers: it
+    """Whether the session may skip `hook`'s run events between its triggers: it
     says so (`idle_between_triggers`), and no subclass or instance of the class that
     said so replaced those events."""
-    if not hook.idle_between_triggers or hook.timer is None or {"before_run", "after_run"} & set(vars(hook)):
+    if not hook.idle_between_triggers or {"before_run", "after_run"} & set(vars(hook)):
         return False
     for cls in type(hook).__mro__:
         if "idle_between_triggers" in vars(cls):
@@ -244,6 +267,27 @@ def _sleeps(hook: Hook) -> bool:
         if {"before_run", "after_run"} & set(vars(cls)):
             return False
     return False
+
+
+_AWAKE = (0, None, None)
+
+
+def _wake(hook: Hook, step: int) -> tuple[float, Callable[[], float] | None, float | None]:
+    """`(step, clock, time)`: the step a sleeping `hook`'s next call must reach, or
+    the time on `clock` it must reach first (None for none); `_AWAKE` when it must be
+    called on the next run."""
+    steps = hook._idle_steps(step)
+    if steps == 0:
+        return _AWAKE
+    wake = math.inf if steps is None else step + steps
+    timer = hook.timer
+    if timer is not None and timer.every_steps is None:  # seconds, or never
+        deadline = timer.next_trigger_time()
+        if deadline is None:
+            return _AWAKE  # not triggered yet: due now
+        if deadline != math.inf:
+            return wake, timer.clock, deadline
+    return _AWAKE if wake == math.inf and timer is None else (wake, None, None)
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:

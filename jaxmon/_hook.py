@@ -181,11 +181,18 @@ class Hook:
         `after_run` that delivers them to the hooks that asked."""
 
     #: True for a hook with a `timer` whose `before_run` and `after_run` do nothing on a
-    #: run that ends before the timer's next step trigger: the session then skips both
-    #: calls on such runs, so that the hook costs nothing between its triggers (a timer
-    #: that counts seconds is asked every run). A hook that counts runs or checks
-    #: something on every run leaves it False.
+    #: run that ends before the timer's next trigger (its next step, or its next time on
+    #: the timer's clock): the session then skips both calls on such runs, so that the
+    #: hook costs nothing between its triggers, and a run on which every hook sleeps
+    #: calls none. A hook that counts runs or checks something on every run leaves it
+    #: False.
     idle_between_triggers: bool = False
+
+    def _idle_steps(self, step: int) -> int | None:
+        """For a hook `idle_between_triggers`: how many steps from `step` its run events
+        do nothing (0: call them on the next run), or None when steps do not bound it
+        (its timer counts seconds, or never triggers)."""
+        return 0 if self.timer is None else self.timer.steps_to_next_trigger(step)
 
     #: The directory this hook writes checkpoints to, if it does: a session given no
     #: `checkpoint_dir` restores from the first hook's.

@@ -19,7 +19,7 @@ class Preemption:
     With one JAX process, SIGTERM (caught while the session is open, if it was built
     in the main thread) calls `request()`; a second SIGTERM goes to the handler that
     was there before (by default: exit). With several processes, JAX's preemption
-    service takes SIGTERM instead, and `poll(step)` asks it whether every process
+    service takes SIGTERM instead, and `after_run(step)` asks it whether every process
     reached the step they agreed to stop at.
 
     Args:
@@ -42,15 +42,18 @@ class Preemption:
                            "stopping; a second SIGTERM exits at once.")
         self.requested = True
 
-    def poll(self, step: int) -> None:
-        """After the run that completed `step`, with several processes: asks JAX's
-        preemption service whether every process reached the step to stop at."""
-        try:
-            if multihost_utils.reached_preemption_sync_point(step):
-                self.request()
-        except RuntimeError as error:  # the service is off: nothing to poll
-            logger.warning("Not polling JAX's preemption sync point: %s", error)
-            self.polling = False
+    def after_run(self, step: int) -> bool:
+        """Whether to save and stop after the run that completed `step`; with several
+        processes, JAX's preemption service is asked whether every process reached the
+        step to stop at."""
+        if self.polling:
+            try:
+                if multihost_utils.reached_preemption_sync_point(step):
+                    self.request()
+            except RuntimeError as error:  # the service is off: nothing to poll
+                logger.warning("Not polling JAX's preemption sync point: %s", error)
+                self.polling = False
+        return self.requested
 
     def uninstall(self) -> None:
         """Gives SIGTERM back to the handler that was there before."""

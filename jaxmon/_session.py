@@ -20,7 +20,7 @@ import jax
 from jaxmon import _agree, _errors, _fetches, _sharding
 from jaxmon._batches import BatchSource, Steps, as_run
 from jaxmon._checkpoint import WarmStartReport
-from jaxmon._dispatch import Dispatch
+from jaxmon._dispatch import NOTHING_FETCHED, Dispatch
 from jaxmon._events import HookEvents
 from jaxmon._hook import Hook, RunArgs, RunContext
 from jaxmon._keeper import Snapshot, StateKeeper
@@ -113,7 +113,7 @@ class MonitoredSession:
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        self._events = HookEvents(hooks, request_stop=self.request_stop)
+        self._events = HookEvents(hooks, request_stop=self.request_stop, quiet_runs=jax.process_count() == 1)
         self._monitors = Monitors(self.hooks, on_read=self._events.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
                                   max_dispatch_ahead=max_dispatch_ahead, monitors=self._monitors)
@@ -153,7 +153,7 @@ class MonitoredSession:
           RuntimeError: the session was asked to stop, or is closed.
           StopIteration: `data` (or a hook) ended; inside `with`, the block ends cleanly.
         """
-        self._check_can_run()
+        _check_can_run(self._closed, self._stop_requested if self._agreed is None else self._agreed.stopped)
         wanted = _fetches.normalize(fetches, "run(fetches=...)")
         if self._agreed is not None:
             return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
@@ -177,28 +177,23 @@ class MonitoredSession:
             raise
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
-        """One run: `before_run`s, one dispatch, `after_run`s (the late ones a run later)."""
+        """One run: `before_run`s, one dispatch, `after_run`s (the late ones a run later);
+        a run that every hook sleeps through (`HookEvents.quiet`) calls none of them."""
         length, batch = as_run(batch, self.steps_per_dispatch) if isinstance(batch, (list, Steps)) else (1, batch)
+        if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
+            self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
+            self._step += length
+            return outputs
         ctx = RunContext(self._step, self, RunArgs(fetches, batch), steps=length)
         requests = self._events.before_run(ctx)
         batch, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
         self._state, outputs, fetched = self._dispatch(self._state, batch, plan, length, self._step)
         self._step += length
-        if self._preemption.polling:  # several processes: JAX's preemption service
-            self._preemption.poll(self._step)
-        if self._preemption.requested:
-            self._stop_requested = True
+        self._stop_requested |= self._preemption.after_run(self._step)
         self._monitors.read_for(self._step, requests.reading)
         caller, *results = plan.route(outputs, fetched)
         caller = self._events.after_run(ctx, self._step, outputs, requests, caller, fetching, results)
         return outputs if caller is None else caller
-
-    def _check_can_run(self) -> None:
-        if self._closed:
-            raise RuntimeError("Run called on a closed session. Create a new session to train further.")
-        if self._stop_requested if self._agreed is None else self._agreed.stopped:
-            raise RuntimeError("Run called even after should_stop requested. Check sess.should_stop() "
-                               "before each run (`while not sess.should_stop(): sess.run()`).")
 
     def _created(self, state: Any, step: int) -> None:
         """A state was built or restored: keep it, then tell every hook."""
@@ -330,6 +325,14 @@ class MonitoredSession:
         """How many times the step was compiled: once per distinct fetch set and run
         length (again only when the shapes of the state or batch change)."""
         return self._dispatch.compile_count
+
+
+def _check_can_run(closed: bool, stopped: bool) -> None:
+    if closed:
+        raise RuntimeError("Run called on a closed session. Create a new session to train further.")
+    if stopped:
+        raise RuntimeError("Run called even after should_stop requested. Check sess.should_stop() "
+                           "before each run (`while not sess.should_stop(): sess.run()`).")
 
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,

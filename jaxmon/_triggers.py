@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -88,6 +89,18 @@ class SecondOrStepTimer:
             return None
         return 1 if self._last_step is None else max(1, self._last_step + self.every_steps - step)
 
+    def next_trigger_time(self) -> float | None:
+        """The time (on `clock`) of the next seconds-based trigger, or None for a timer
+        that counts steps or has not triggered yet (it is due now)."""
+        if self.every_secs is None or self._last_time is None:
+            return None
+        return self._last_time + self.every_secs
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The function this timer reads seconds from."""
+        return self._clock
+
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Reads seconds from `clock` from now on (several JAX processes share the
         chief's clock this way, so that seconds-based triggers fire at one step)."""
@@ -124,6 +137,9 @@ class NeverTriggerTimer(SecondOrStepTimer):
 
     def update_last_triggered_step(self, step: int) -> tuple[None, None]:
         return None, None
+
+    def next_trigger_time(self) -> float:
+        return math.inf
 
     def __repr__(self) -> str:
         return "NeverTriggerTimer()"

@@ -402,7 +402,100 @@ def test_the_built_in_periodic_hooks_sleep_between_their_step_triggers(tmp_path)
     woken = []
     for _ in range(25):
         sess.run({})
-        woken.append(list(sess._events._wake))
+        woken.append([wake for wake, _, _ in sess._events._wake])
     sess.close()
     # Each is next needed at the step of its next trigger (the step counter's first trigger only starts its clock).
     assert woken[1] == [11, 11, 11] and woken[10] == [11, 11, 11] and woken[11] == [21, 21, 21]
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def count_calls(sess):
+    """Wraps the session's `before_run` dispatch: the list of the steps of the runs
+    that called hooks at all."""
+    calls, before_run = [], sess._events.before_run
+
+    def counted(ctx):
+        calls.append(ctx.next_step)
+        return before_run(ctx)
+
+    sess._events.before_run = counted
+    return calls
+
+
+def test_runs_that_every_hook_sleeps_through_call_no_hook_and_every_trigger_still_fires(tmp_path):
+    logged = []
+    hooks = [jm.StopAtStepHook(last_step=237), jm.NanHook("loss", every_n_steps=50),
+             jm.LoggingHook(["loss"], every_n_iter=100, reduce="last",
+                            formatter=lambda values: logged.append(float(values["loss"])) or "")]
+    sess = jm.MonitoredTrainingSession(_finite_step, fresh,
+                                       checkpoint_dir=tmp_path, save_checkpoint_steps=100, save_summaries_steps=100,
+                                       data=forever(), hooks=hooks)
+    calls = count_calls(sess)
+    with sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 237  # StopAtStepHook slept until its step, and stopped there
+    assert logged == [1.0, 101.0, 201.0]  # iterations 0, 100, 200
+    assert hooks[2].get_state()["iter_count"] == 237
+    assert saved_steps(tmp_path) == [0, 100, 200, 237]
+    # A run calls hooks only at a trigger and on the run after one (which finds when each sleeps till).
+    assert len(calls) <= 20 and {1, 51, 100, 101, 151, 200, 201, 237} <= set(calls), calls
+
+
+def _finite_step(state, batch):
+    n = state["n"] + 1
+    loss = n.astype(jnp.float32)
+    return {"n": n, "w": state["w"] + loss}, {"loss": loss}
+
+
+def test_a_seconds_timer_sleeps_until_its_time_and_fires_on_the_first_run_after_it(tmp_path):
+    clock = FakeClock()
+    saver = jm.CheckpointSaverHook(tmp_path, save_secs=10, clock=clock)
+    logged = []
+    logging = jm.LoggingHook(["loss"], every_n_secs=25, reduce="last", clock=clock,
+                             formatter=lambda values: logged.append(float(values["loss"])) or "")
+    sess = jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=[saver, logging])
+    calls = count_calls(sess)
+    with sess:
+        for _ in range(35):
+            clock.t += 1.0
+            sess.run()
+    assert saver.saved_steps == [0, 10, 20, 30, 35]
+    assert logged == [1.0, 26.0]  # its first run, then the first run 25 s later
+    assert set(calls) <= {1, 2, 10, 11, 20, 21, 26, 27, 30, 31}, calls
+
+
+def test_a_preemption_wakes_a_sleeping_saver_at_the_next_run(tmp_path):
+    saver = jm.CheckpointSaverHook(tmp_path, save_secs=600)
+    sess = jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=[saver])
+    for _ in range(12):
+        sess.run()
+    sess.request_preemption()
+    sess.run()
+    assert sess.should_stop() and saver.saved_steps == [0, 13]
+    sess.close()
+    assert saved_steps(tmp_path) == [0, 13]
+
+
+def test_a_logging_hook_counts_the_iterations_it_slept_through_across_a_resume(tmp_path):
+    def run(steps):
+        logged = []
+        hook = jm.LoggingHook(["loss"], every_n_iter=10, reduce="last",
+                              formatter=lambda values: logged.append(float(values["loss"])) or "")
+        saver = jm.CheckpointSaverHook(tmp_path, save_steps=15)
+        with jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=[saver, hook,
+                                                                            jm.StopAtStepHook(last_step=steps)]) as sess:
+            while not sess.should_stop():
+                sess.run()
+        return logged, hook.get_state()["iter_count"]
+
+    assert run(33) == ([1.0, 11.0, 21.0, 31.0], 33)
+    # Resumed from step 33 (saved at the end) with iteration 33 counted: the next lines are iterations 40 and 50.
+    assert run(55) == ([41.0, 51.0], 55)

@@ -78,6 +78,8 @@ class CheckpointSaverHook(Hook):
       >>> hook = jm.CheckpointSaverHook("runs/train", save_steps=1000, max_to_keep=3)
     """
 
+    idle_between_triggers = True  # between saves (a preemption wakes it)
+
     def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (), *,
                  max_to_keep: int | None = 5, keep_period: int | None = None, keep_best: int | None = None,

@@ -89,26 +89,51 @@ class LoggingHook(Hook):
             self.accumulators = {"mean": Mean(sorted(set(self._names.values())))}
         self.on_error = check_on_error("LoggingHook", on_error)
         self._iter_count = 0
+        # With one step per run an iteration is a step: the session may then skip the
+        # runs between triggers, and the count is `_iter_count` at step `_counted_at`
+        # plus the steps since. Otherwise every run is counted as it comes.
+        self._counted_at: int | None = None
+        self._session: Any = None
         self._elapsed: dict[int, float | None] = {}
+
+    idle_between_triggers = True  # with one step per run (see _idle_steps)
 
     def begin(self) -> None:
         show_info_logs()
         self.timer.reset()
-        self._iter_count = 0
+        self._iter_count, self._counted_at = 0, None
         self._elapsed.clear()
 
+    def after_create_session(self, session) -> None:
+        self._session = session
+        self._counted_at = session.step if session.steps_per_dispatch == 1 else None
+
+    def _iterations(self, step: int) -> int:
+        """The iterations counted before a run that starts at `step`."""
+        return self._iter_count if self._counted_at is None else self._iter_count + step - self._counted_at
+
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "iter_count": self._iter_count}
+        count = self._iter_count if self._session is None else self._iterations(self._session.step)
+        return {**super().get_state(), "iter_count": count}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
-        self._iter_count = state["iter_count"]
+        self._iter_count, self._counted_at = state["iter_count"], None
 
     def steps_to_next_trigger(self, step: int) -> int | None:
-        return None  # it counts runs (iterations), as TF's LoggingTensorHook did, not steps
+        return None  # it counts runs (iterations), as TF's LoggingTensorHook did: no run need end anywhere
+
+    def _idle_steps(self, step: int) -> int | None:
+        if self._counted_at is None:
+            return 0  # runs of several steps: each is counted as it comes
+        return self.timer.steps_to_next_trigger(self._iterations(step))
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        iteration, self._iter_count = self._iter_count, self._iter_count + 1
+        iteration = self._iterations(ctx.step)
+        if self._counted_at is None:
+            self._iter_count += 1
+        else:
+            self._iter_count, self._counted_at = iteration + 1, ctx.step + 1
         if not self.timer.should_trigger_for_step(iteration):
             return None
         self._elapsed[ctx.step] = self.timer.update_last_triggered_step(iteration)[0]
@@ -123,7 +148,7 @@ class LoggingHook(Hook):
             self._log(results, self._elapsed.pop(ctx.step, None))
 
     def end(self, session) -> None:
-        if self.at_end and self._iter_count:
+        if self.at_end and self._iterations(session.step):
             self._log(session.fetch(self._fetches), None)
 
     def _log(self, values: dict[str, Any], elapsed: float | None) -> None:

@@ -26,6 +26,8 @@ class StopAtStepHook(Hook):
       >>> hook = jm.StopAtStepHook(num_steps=1000)
     """
 
+    idle_between_triggers = True  # nothing to do on a run that ends before last_step
+
     def __init__(self, num_steps: int | None = None, last_step: int | None = None):
         if num_steps is None and last_step is None:
             raise ValueError("One of num_steps or last_step must be specified: "
@@ -67,6 +69,8 @@ class StopAtStepHook(Hook):
 
     def steps_to_next_trigger(self, step: int) -> int | None:
         return None if self._last_step is None else max(1, self._last_step - step)
+
+    _idle_steps = steps_to_next_trigger
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.step >= self._last_step:
