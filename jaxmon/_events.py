@@ -276,7 +276,7 @@ def _wake(hook: Hook, step: int) -> tuple[float, Callable[[], float] | None, flo
     """`(step, clock, time)`: the step a sleeping `hook`'s next call must reach, or
     the time on `clock` it must reach first (None for none); `_AWAKE` when it must be
     called on the next run."""
-    steps = hook._idle_steps(step)
+    steps = hook._idle_steps(step)  # noqa: SLF001 (the sleeping seam of the built-in hooks)
     if steps == 0:
         return _AWAKE
     wake = math.inf if steps is None else step + steps

@@ -490,8 +490,8 @@ def test_a_logging_hook_counts_the_iterations_it_slept_through_across_a_resume(t
         hook = jm.LoggingHook(["loss"], every_n_iter=10, reduce="last",
                               formatter=lambda values: logged.append(float(values["loss"])) or "")
         saver = jm.CheckpointSaverHook(tmp_path, save_steps=15)
-        with jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=[saver, hook,
-                                                                            jm.StopAtStepHook(last_step=steps)]) as sess:
+        hooks = [saver, hook, jm.StopAtStepHook(last_step=steps)]
+        with jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=hooks) as sess:
             while not sess.should_stop():
                 sess.run()
         return logged, hook.get_state()["iter_count"]
