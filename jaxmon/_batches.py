@@ -4,6 +4,7 @@ runs, with the data position a checkpoint keeps."""
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,6 +42,8 @@ class BatchSource:
         self._steps_per_dispatch = steps_per_dispatch
         self._prefetch = prefetch if steps_per_dispatch == 1 else 0
         self._run_limit = run_limit
+        positions = getattr(self._data, "get_state", None)
+        self._positions: Callable[[], Any] | None = positions if callable(positions) else None
         self._buffer: collections.deque = collections.deque()  # (batch, data position before it)
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
         #: True once a restore set the data back: a batch in hand is past that position.
@@ -64,13 +67,15 @@ class BatchSource:
                     self._deferred = error
             return batch
         length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
-        while len(self._buffer) < length:
-            try:
-                self._take_ahead()
-            except StopIteration:
+        if len(self._buffer) < length:
+            if self._positions is None:  # no position to keep with each: take them in one go
+                self._buffer.extend((batch, None) for batch in itertools.islice(self._data, length - len(self._buffer)))
+            while len(self._buffer) < length and self.take_ahead():
+                pass
+            if len(self._buffer) < length:  # the data ended: what is left, in powers of two
                 if not self._buffer:
-                    raise
-                length = _power_of_two(len(self._buffer))  # what is left, in powers of two
+                    raise StopIteration
+                length = _power_of_two(len(self._buffer))
         items = [self._buffer.popleft()[0] for _ in range(length)]
         return items[0] if length == 1 else Steps(items)
 
@@ -106,8 +111,7 @@ class BatchSource:
         return batch
 
     def _get_state(self) -> Any:
-        get_state = getattr(self._data, "get_state", None)
-        return get_state() if callable(get_state) else None
+        return None if self._positions is None else self._positions()
 
     def give_back(self) -> None:
         """Sets the data back to the first batch taken ahead but not run (when its
@@ -138,14 +142,17 @@ class BatchSource:
             logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.", step)
 
 
-def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any]:
-    """`(steps, batch)` of one run: a list of batches given to `run()` (with
-    `steps_per_dispatch`) or taken from data is stacked on a new leading axis."""
+def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
+    """`(steps, batch, batches)` of a run of several steps: a list of batches given to
+    `run()` (with `steps_per_dispatch`) or taken from data. `batch` is what the step
+    gets: host arrays stacked on a new leading axis here (one transfer), batches
+    already on the device as a list, which the compiled step stacks inside its own
+    program (no dispatch of its own); `batches` is the list, as hooks see it."""
     if isinstance(batch, list) and steps_per_dispatch > 1:
         batch = Steps(batch)
     if isinstance(batch, Steps):
-        return len(batch.items), batch.stacked()
-    return 1, batch
+        return len(batch.items), batch.stacked(), batch.items
+    return 1, batch, batch
 
 
 def _power_of_two(limit: int) -> int:
@@ -162,19 +169,29 @@ class Steps:
         self.items = items
 
     def stacked(self) -> Any:
+        """Host batches stacked on a new leading axis; batches on the device as they are,
+        a list (see `as_run`), once their structures and shapes are checked."""
+        if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items[0])):
+            return self.items
         try:
-            if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items)):
-                return _stack_on_device(self.items)  # one dispatch for every leaf
             return jax.tree.map(_stack, *self.items)
         except ValueError as error:
-            raise ValueError(f"The {len(self.items)} batches of one run must have the same structure and "
-                             f"shapes to be stacked for steps_per_dispatch: {error}") from None
+            raise unstackable(len(self.items), error) from None
+
+
+def unstackable(count: int, error: Exception) -> ValueError:
+    return ValueError(f"The {count} batches of one run must have the same structure and shapes to be stacked "
+                      f"for steps_per_dispatch: {error}")
 
 
 def _stack(*leaves: Any) -> Any:
     return np.stack([np.asarray(leaf) for leaf in leaves])
 
 
-@jax.jit
-def _stack_on_device(items: list[Any]) -> Any:
-    return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)
+def stack_leaves(items: list[Any]) -> Any:
+    """The batches `items` stacked leaf by leaf on a new leading axis (traced)."""
+    try:
+        return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)
+    except (ValueError, TypeError) as error:
+        raise unstackable(len(items), error) from None
+

@@ -61,10 +61,13 @@ class Dispatch:
         fetching, specs = [], []  # the entries of the hooks that fetch, and (hook, fetches) of each
         if requests.asking:
             feeds = [(entry[0], args.feeds) for entry, args in requests.asking if args.feeds]
-            if length > 1:  # one value for every step of the run
-                feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
-                         for hook, f in feeds]
-            batch = merge_feeds(batch, feeds)
+            if length > 1 and isinstance(batch, list):  # batches on the device: the value in each
+                batch = [merge_feeds(item, feeds) for item in batch]
+            else:
+                if length > 1:  # one value for every step of the run
+                    feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
+                             for hook, f in feeds]
+                batch = merge_feeds(batch, feeds)
             for entry, args in requests.asking:
                 if args.fetches is not None:
                     fetching.append(entry)
@@ -116,7 +119,7 @@ class Dispatch:
             return {}
         batch, outputs = self.last_run
         if self._last_length > 1:  # the last step's batch of a multi-step run
-            batch = jax.tree.map(lambda x: x[-1], batch)
+            batch = batch[-1] if isinstance(batch, list) else jax.tree.map(lambda x: x[-1], batch)
         plan = _fetches.FetchPlan([("fetch(...)", wanted)])
         fetched = self._compiled.evaluate(plan.key, state, batch, outputs, plan.owners)
         [result] = plan.route(outputs, fetched)

@@ -51,7 +51,8 @@ class RunContext:
       step: the step number before this run.
       session: the `MonitoredSession` running it.
       original_args: the caller's fetches, and this run's batch (given to `run()` or
-        taken from `data`, before any hook's feeds) as `feeds`.
+        taken from `data`, before any hook's feeds) as `feeds`; with several steps per
+        run, the list of their batches.
       steps: how many steps this run takes (1, or more with `steps_per_dispatch`).
     """
 

@@ -231,7 +231,8 @@ class Monitors:
     def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, sharding: Any) -> None:
         """Builds the carry before a run when there is none (first run, recovery)."""
         if self._layout is None:
-            one = batch if length == 1 else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+            one = batch if length == 1 else batch[0] if isinstance(batch, list) else jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
 
             def values(state, batch):
                 new_state, outputs = step_fn(state, batch)

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from jaxmon import _agree, _errors, _fetches, _sharding
-from jaxmon._batches import BatchSource, Steps, as_run
+from jaxmon._batches import BatchSource, as_run
 from jaxmon._checkpoint import WarmStartReport
 from jaxmon._dispatch import NOTHING_FETCHED, Dispatch
 from jaxmon._events import HookEvents
@@ -179,12 +179,12 @@ class MonitoredSession:
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: `before_run`s, one dispatch, `after_run`s (the late ones a run later);
         a run that every hook sleeps through (`HookEvents.quiet`) calls none of them."""
-        length, batch = as_run(batch, self.steps_per_dispatch) if isinstance(batch, (list, Steps)) else (1, batch)
+        length, batch, given = as_run(batch, self.steps_per_dispatch)
         if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
             self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
             self._step += length
             return outputs
-        ctx = RunContext(self._step, self, RunArgs(fetches, batch), steps=length)
+        ctx = RunContext(self._step, self, RunArgs(fetches, given), steps=length)
         requests = self._events.before_run(ctx)
         batch, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
         self._state, outputs, fetched = self._dispatch(self._state, batch, plan, length, self._step)

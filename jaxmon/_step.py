@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._batches import stack_leaves
 from jaxmon._fetches import FetchSpec
 
 logger = logging.getLogger("jaxmon")
@@ -101,6 +102,8 @@ class CompiledStep:
             if length == 1:
                 new_state, carry, outputs = one_step(state, carry, batch)
             else:  # the last step's batch and outputs are what fetches see, as after one step
+                if isinstance(batch, list):  # batches on the device, stacked inside this program
+                    batch = stack_leaves(batch)
                 (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)

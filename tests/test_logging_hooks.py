@@ -354,6 +354,19 @@ def test_step_counter_writes_examples_per_sec_from_the_batch():
         assert scalars["global_step/sec"] == pytest.approx(2.0)
 
 
+def test_step_counter_counts_the_examples_of_one_step_in_runs_of_several():
+    clock, writer = FakeClock(), RecordingWriter()
+    hook = jm.StepCounterHook(every_n_steps=4, summary_writer=writer, clock=clock)
+    sess = jm.MonitoredSession(lambda s, b: (s + b["x"].sum(), {}), lambda: jnp.zeros(()), hooks=[hook],
+                               steps_per_dispatch=4)
+    run_n(sess, 3, clock, 0.5, batch=[{"x": np.ones(6, np.float32)}] * 4)
+    sess.close()
+    assert [step for step, _ in writer.scalars] == [8, 12]
+    for _, scalars in writer.scalars:
+        assert scalars["global_step/sec"] == pytest.approx(8.0)  # 4 steps per 0.5 s
+        assert scalars["examples/sec"] == pytest.approx(6 * 8.0)  # 6 examples a step, not 4 batches a run
+
+
 def test_step_counter_writes_no_examples_per_sec_without_a_common_leading_dimension():
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=1, summary_writer=writer, clock=clock)

@@ -287,6 +287,25 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_pa
     assert steps_on_disk(tmp_path / "ckpt") == [0, 1000]
 
 
+def test_batches_already_on_the_device_are_stacked_inside_the_step_with_the_same_result():
+    recorder = RecordingHook("rec")
+    data = [jax.device_put(batch) for batch in ones(200)]
+    sess, lengths = train([recorder], last_step=37, k=32, data=data)
+    assert lengths.lengths == [32, 4, 1] and float(sess.state) == 37.0
+    assert sess.compile_count == 3  # one program per run length, as with host batches
+    assert len(recorder.contexts[0].original_args.feeds) == 32  # hooks see the list
+    assert float(sess.fetch({"next": lambda state, batch, outputs: batch["x"] + state})["next"]) == 38.0  # last batch
+
+
+def test_batches_of_one_run_that_cannot_be_stacked_say_so():
+    data = [{"x": jnp.ones((2,))}] * 3 + [{"x": jnp.ones((3,))}] * 5
+    with pytest.raises(ValueError, match="batches of one run must have the same structure and shapes"):
+        train([], last_step=8, k=4, data=data, init_fn=lambda: jnp.zeros((2,)))
+    with pytest.raises(ValueError, match="batches of one run must have the same structure and shapes"):
+        train([], last_step=8, k=4, data=[{"x": np.ones(2, np.float32)}] * 3 + [{"x": np.ones(3, np.float32)}] * 5,
+              init_fn=lambda: jnp.zeros((2,)))
+
+
 # -- 4: hooks see runs -------------------------------------------------------------------------
 
 
@@ -299,8 +318,8 @@ def test_hooks_see_each_run_with_its_length_and_the_last_steps_outputs():
         assert ctx.next_step == ctx.step + ctx.steps
         assert values.step == ctx.next_step
         assert float(values.outputs["value"]) == values.step  # the last step's output, not the first
-    batch = recorder.contexts[0].original_args.feeds  # the run's batches, stacked
-    assert np.shape(batch["x"]) == (32,)
+    batches = recorder.contexts[0].original_args.feeds  # the run's batches, as a list
+    assert len(batches) == 32 and all(float(batch["x"]) == 1.0 for batch in batches)
 
 
 # -- 5: fetch callables and feeds -------------------------------------------------------------
