@@ -95,9 +95,10 @@ class HookEvents:
 
     def quiet(self, next_step: int) -> bool:
         """Whether a run that ends at `next_step` calls no hook: every hook with run
-        events sleeps past it (see `Hook.idle_between_triggers`) and none waits for a
-        late delivery. Such a run skips `before_run` (and its `Requests`) altogether."""
-        if next_step >= self._quiet_step or self._late:
+        events sleeps past it (see `Hook.idle_between_triggers`). Such a run skips
+        `before_run` (and its `Requests`) altogether; late results of the run before
+        are still delivered after it (`deliver_late`)."""
+        if next_step >= self._quiet_step:
             return False
         for clock, deadline in self._deadlines:
             if clock() >= deadline:
@@ -107,7 +108,6 @@ class HookEvents:
     def before_run(self, ctx: RunContext) -> Requests:
         requests = Requests()
         next_step = ctx.step + ctx.steps
-        quiet, deadlines = math.inf, []
         wake_all = getattr(ctx.session, "preemption_requested", False)  # a save due now (CheckpointSaverHook)
         for i, (hook, before, after, idle) in enumerate(self._calls):
             if idle and not wake_all:
@@ -115,12 +115,7 @@ class HookEvents:
                 if next_step >= wake or (clock is not None and clock() >= deadline):
                     wake, clock, deadline = self._wake[i] = _wake(hook, ctx.step)
                 if next_step < wake and (clock is None or clock() < deadline):
-                    quiet = min(quiet, wake)
-                    if clock is not None:
-                        deadlines.append((clock, deadline))
                     continue  # nothing to do before its next trigger
-            if before or after:
-                quiet = 0
             if not before:
                 if after:
                     requests.now.append([hook, None, None])
@@ -142,7 +137,6 @@ class HookEvents:
                 requests.asking.append((entry, args))
             if args.read:
                 requests.reading.append(entry)
-        self._quiet_step, self._deadlines = quiet if self._quiet_runs else 0, deadlines
         return requests
 
     def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
@@ -164,7 +158,25 @@ class HookEvents:
                 entry[1] = results
         if requests.now or ctx.stop_requested:
             self._call_after_run(ctx, step, outputs, requests.now)
+        self._settle(step)
         return caller
+
+    def _settle(self, step: int) -> None:
+        """After a run's events: until which step (and time) every hook sleeps, so that
+        the runs before it are quiet (see `quiet`)."""
+        quiet, deadlines = math.inf if self._quiet_runs else 0, []
+        for i, (hook, before, after, idle) in enumerate(self._calls):
+            if not idle:
+                if before or after:
+                    quiet = 0
+                continue
+            wake, clock, deadline = self._wake[i]
+            if step + 1 >= wake or (clock is not None and clock() >= deadline):
+                wake, clock, deadline = self._wake[i] = _wake(hook, step)
+            quiet = min(quiet, wake)
+            if clock is not None:
+                deadlines.append((clock, deadline))
+        self._quiet_step, self._deadlines = quiet, deadlines
 
     def deliver_late(self) -> None:
         """Calls the `after_run` of every run whose hooks asked for late delivery."""

@@ -183,6 +183,7 @@ class MonitoredSession:
         if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
             self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
             self._step += length
+            self._events.deliver_late()  # the run before's, if it asked
             return outputs
         ctx = RunContext(self._step, self, RunArgs(fetches, given), steps=length)
         requests = self._events.before_run(ctx)
