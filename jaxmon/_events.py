@@ -66,6 +66,10 @@ class HookEvents:
         self._request_stop = request_stop
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
+        # What hooks asked to do once every hook's current event is done (see `later`),
+        # and the hook whose event is running; None outside events.
+        self._later: list[tuple[Hook | None, Callable[[], Any]]] | None = None
+        self._current: Hook | None = None
 
     def begin(self, step: int) -> None:
         self._each("begin", step)
@@ -79,10 +83,43 @@ class HookEvents:
 
     def _each(self, event: str, step: int, *args: Any) -> None:
         """Calls `event(*args)` of every hook in list order, under its error policy."""
-        for hook in self.hooks:
+        outer = self._open()
+        try:
+            for hook in self.hooks:
+                self._current = hook
+                try:
+                    getattr(hook, event)(*args)
+                except Exception as error:
+                    self.failed(hook, event, step, error)
+            self._run_later(event, step)
+        finally:
+            self._later, self._current = outer
+
+    def later(self, fn: Callable[[], Any]) -> None:
+        """Calls `fn()` once every hook's event now under way (`after_create_session`,
+        the `after_run`s of a run, `end`) is done, under the error policy of the hook
+        that asked; outside any event, now. A checkpoint taken there holds every
+        hook's view of its step, whatever the hook order."""
+        if self._later is None:
+            fn()
+        else:
+            self._later.append((self._current, fn))
+
+    def _open(self) -> tuple[Any, Hook | None]:
+        """Starts collecting `later` calls; returns what to restore after."""
+        outer = (self._later, self._current)
+        self._later = []
+        return outer
+
+    def _run_later(self, event: str, step: int) -> None:
+        while self._later:
+            hook, fn = self._later.pop(0)
+            self._current = hook
             try:
-                getattr(hook, event)(*args)
+                fn()
             except Exception as error:
+                if hook is None:
+                    raise
                 self.failed(hook, event, step, error)
 
     def steps_to_next_trigger(self, step: int, limit: int) -> int:
@@ -189,15 +226,21 @@ class HookEvents:
 
     def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
         plain = RunValues(None, step, outputs)
-        for hook, results, read in entries:
-            accumulated = None if read is None else read.values(hook)  # every hook's after_read first
-            try:
-                if results is None and accumulated is None:
-                    hook.after_run(ctx, plain)
-                else:
-                    hook.after_run(ctx, RunValues(results, step, outputs, accumulated))
-            except Exception as error:
-                self.failed(hook, "after_run", step, error)
+        outer = self._open()
+        try:
+            for hook, results, read in entries:
+                accumulated = None if read is None else read.values(hook)  # every hook's after_read first
+                self._current = hook
+                try:
+                    if results is None and accumulated is None:
+                        hook.after_run(ctx, plain)
+                    else:
+                        hook.after_run(ctx, RunValues(results, step, outputs, accumulated))
+                except Exception as error:
+                    self.failed(hook, "after_run", step, error)
+            self._run_later("after_run", step)
+        finally:
+            self._later, self._current = outer
         if ctx.stop_requested:
             self._request_stop()
 

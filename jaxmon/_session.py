@@ -224,6 +224,10 @@ class MonitoredSession:
         processes all save or none does."""
         return self._keeper.snapshot(self._state, self._step, sync=self.sync, agree_all=self.agree_all)
 
+    def after_hooks(self, fn: Callable[[], Any]) -> None:
+        """Calls `fn()` once every hook's event now under way is done (then saved, step N has them all)."""
+        self._events.later(fn)
+
     def resume_info(self) -> dict[str, Any]:
         """What a checkpoint stores beside the state (JSON): the step, the data position
         (from `get_state()`), every hook's `get_state()`, the config, the versions."""

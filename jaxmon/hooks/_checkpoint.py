@@ -56,7 +56,10 @@ class CheckpointSaverHook(Hook):
     resume needs (see `MonitoredSession`). Saving is asynchronous: the loop waits only
     while the state is copied off the device; the files are written in the background
     and committed atomically. Before each save the session's late hooks are delivered
-    (`sess.sync()`), so a NaN check has passed on every state that is saved.
+    (`sess.sync()`), so a NaN check has passed on every state that is saved. A save
+    happens once every hook's `after_run` of its step is done (`session.after_hooks`),
+    so a checkpoint of step N holds every hook's state after step N, wherever the saver
+    sits in the hook list.
 
     Args:
       checkpoint_dir: where to save; the session restores from it too (unless given its
@@ -68,7 +71,10 @@ class CheckpointSaverHook(Hook):
       keep_best: also keep this many best checkpoints by `best_metric`. The latest
         checkpoint is never deleted, however bad its metric.
       best_metric: the metric ranking checkpoints: an output name (its value at the
-        saved step) or a function `fn(session) -> float`.
+        saved step) or a function `fn(session) -> float`, asked once every hook has
+        seen the saved step (an `EvalHook` anywhere in the list has evaluated it). It
+        may return None or an infinity before its first value: that checkpoint is
+        kept only while it is among the latest.
       best_mode: "min" or "max".
       async_save: write in the background (default) or block until written.
       clock: an injectable time function (tests pass a fake).
@@ -122,12 +128,15 @@ class CheckpointSaverHook(Hook):
         if self._checkpoints is None:
             self._checkpoints = _checkpoint.Checkpoints(self.checkpoint_dir, writer=True, **self._options)
 
+    # Each save waits until every hook has seen its step (`session.after_hooks`): a
+    # checkpoint of step N holds every hook's state after step N, whatever the order.
+
     def after_create_session(self, session) -> None:
         self._grace, self._session = session.stop_grace_period_secs, session
         step = session.step
-        if step not in self._checkpoints.steps():  # a restored step is already saved
-            self._save(session, step)
         self.timer.update_last_triggered_step(step)
+        if step not in self._checkpoints.steps():  # a restored step is already saved
+            session.after_hooks(lambda: self._save(session, step))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         session = ctx.session
@@ -135,13 +144,19 @@ class CheckpointSaverHook(Hook):
         if not (preempted or self.timer.should_trigger_for_step(values.step)):
             return
         self.timer.update_last_triggered_step(values.step)
-        if self._save(session, values.step):
+        session.after_hooks(lambda: self._save_after_run(ctx, values.step, preempted))
+
+    def _save_after_run(self, ctx: RunContext, step: int, preempted: bool) -> None:
+        if self._save(ctx.session, step):
             ctx.request_stop()
         if preempted:
             self.wait_until_finished()
-            logger.warning("Preempted: saved step %d to %s; stopping.", values.step, self.checkpoint_dir)
+            logger.warning("Preempted: saved step %d to %s; stopping.", step, self.checkpoint_dir)
 
     def end(self, session) -> None:
+        session.after_hooks(lambda: self._save_at_end(session))
+
+    def _save_at_end(self, session) -> None:
         step = session.step
         if step != self.timer.last_triggered_step():
             self.timer.update_last_triggered_step(step)
@@ -192,10 +207,10 @@ class CheckpointSaverHook(Hook):
         if value is None:
             return None
         value = float(np.asarray(value))
-        if not math.isfinite(value):
-            raise ValueError(f"CheckpointSaverHook best_metric {self.best_metric!r} is {value} at step {step}; "
-                             "it must be a finite number to rank checkpoints.")
-        return value
+        if math.isnan(value):
+            raise ValueError(f"CheckpointSaverHook best_metric {self.best_metric!r} is nan at step {step}; "
+                             "it must be a number to rank checkpoints (None or an infinity before its first value).")
+        return None if math.isinf(value) else value  # no value yet: kept as the latest only
 
     def __repr__(self) -> str:
         return f"CheckpointSaverHook({self.checkpoint_dir!r}, {self.timer!r})"
