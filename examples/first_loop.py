@@ -69,12 +69,12 @@ class PrintLoss(jm.Hook):
 
     def before_run(self, ctx):
         if ctx.step % self.every == 0 or ctx.step + 1 == self.last_step:
-            return jm.RunArgs(fetches=["loss"])
+            return jm.RunArgs(fetches="loss")
         return None
 
     def after_run(self, ctx, values):
         if values.results is not None:
-            loss = float(values.results["loss"])
+            loss = float(values.results)
             self.first = loss if self.first is None else self.first
             self.last = loss
             print(f"step {values.step:5d}  loss {loss:.5f}", flush=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _DESCRIPTION = """\
@@ -60,11 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               "metrics and the config it was trained with.")
     inspect.add_argument("workdir", metavar="DIR")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    plot = commands.add_parser("plot", help="PNG curves of a run's scalar summaries (needs matplotlib)",
-                               description="Plot every scalar of DIR/metrics.jsonl against the step into a "
-                                           "PNG (matplotlib: pip install 'jaxmon[plot]').")
-    plot.add_argument("workdir", metavar="DIR")
-    plot.add_argument("--out", metavar="PNG", help="the image to write (default DIR/metrics.png)")
+    plot = commands.add_parser("plot", help="PNG curves of runs' scalar summaries (needs matplotlib)",
+                               description="Plot every scalar of each DIR/metrics.jsonl against the step into "
+                                           "one PNG: a run's train and eval values of a metric (loss, eval/loss) "
+                                           "on shared axes, several runs overlaid with a legend (matplotlib: "
+                                           "pip install 'jaxmon[plot]').")
+    plot.add_argument("workdirs", nargs="+", metavar="DIR")
+    plot.add_argument("--out", metavar="PNG",
+                      help="the image to write (default DIR/metrics.png, or ./metrics.png for several runs)")
     plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
 
     overrides, rest = _split_overrides(list(sys.argv[1:] if argv is None else argv))
@@ -192,49 +196,75 @@ def _plot(args: argparse.Namespace) -> int:
         print("jaxmon plot needs matplotlib: pip install 'jaxmon[plot]' (or pip install matplotlib).",
               file=sys.stderr)
         return 2
-    path = os.path.join(args.workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        print(f"jaxmon plot: no metrics.jsonl in {args.workdir!r}; summaries of a run go there "
-              "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
-        return 2
-    series: dict[str, tuple[list[int], list[float]]] = {}
-    for record in _records(path):
-        for tag, value in record.items():
-            if tag in ("step", "wall_time") or not _is_number(value):
-                continue
-            steps, values = series.setdefault(tag, ([], []))
-            steps.append(record["step"])
-            values.append(value)
-    if args.tags:
-        missing = sorted(set(args.tags) - set(series))
-        if missing:
-            print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
-                  file=sys.stderr)
+    runs = {}  # each run's label: {tag: (steps, values)}
+    for workdir in args.workdirs:
+        path = os.path.join(workdir, "metrics.jsonl")
+        if not os.path.exists(path):
+            print(f"jaxmon plot: no metrics.jsonl in {workdir!r}; summaries of a run go there "
+                  "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
             return 2
-        series = {tag: series[tag] for tag in args.tags}
-    if not series:
-        print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
-        return 2
-    tags = sorted(series)
-    columns = min(3, len(tags))
-    rows = math.ceil(len(tags) / columns)
+        series: dict[str, tuple[list[int], list[float]]] = {}
+        for record in _records(path):
+            for tag, value in record.items():
+                if tag in ("step", "wall_time") or not _is_number(value):
+                    continue
+                steps, values = series.setdefault(tag, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+        if args.tags:
+            missing = sorted(set(args.tags) - set(series))
+            if missing:
+                print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
+                      file=sys.stderr)
+                return 2
+            series = {tag: series[tag] for tag in args.tags}
+        if not series:
+            print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
+            return 2
+        runs[_run_label(workdir, runs)] = series
+    # One panel per metric: "eval/loss" shares the axes of "loss" when the run has both.
+    panels: dict[str, list[tuple[str, str]]] = {}
+    for label, series in runs.items():
+        for tag in sorted(series):
+            _, _, rest = tag.partition("/")
+            panels.setdefault(rest if rest in series else tag, []).append((label, tag))
+    tags = sorted({tag for series in runs.values() for tag in series})
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-    for ax in axes.flat[len(tags):]:
+    for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, tag in zip(axes.flat, tags, strict=False):
-        steps, values = series[tag]
-        ax.plot(steps, values, marker="." if len(steps) < 50 else None)
-        ax.set_title(tag)
+    colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
+    for ax, (panel, lines) in zip(axes.flat, sorted(panels.items()), strict=False):
+        for label, tag in lines:
+            steps, values = runs[label][tag]
+            name = tag if len(runs) == 1 else f"{label}: {tag}"
+            ax.plot(steps, values, marker="." if len(steps) < 50 else None, color=colors[label],
+                    linestyle="-" if tag == panel else "--", label=name)
+        ax.set_title(panel)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    figure.suptitle(os.path.abspath(args.workdir), fontsize=9)
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    figure.suptitle(", ".join(os.path.abspath(workdir) for workdir in args.workdirs), fontsize=9)
     figure.tight_layout()
-    out = args.out or os.path.join(args.workdir, "metrics.png")
+    out = args.out or os.path.join(args.workdirs[0] if len(args.workdirs) == 1 else ".", "metrics.png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)
-    print(f"wrote {out} ({len(tags)} scalars: {', '.join(tags)})")
+    shown = f"{len(runs)} runs, " if len(runs) > 1 else ""
+    print(f"wrote {out} ({shown}{len(tags)} scalars: {', '.join(tags)})")
     return 0
+
+
+def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:
+    """A short name for a run in a legend: its directory's name, made unique."""
+    label = os.path.basename(os.path.normpath(workdir)) or workdir
+    for n in itertools.count(2):
+        if label not in taken:
+            return label
+        label = f"{os.path.basename(os.path.normpath(workdir))} ({n})"
+    return label
 
 
 def _records(path: str) -> list[dict[str, Any]]:

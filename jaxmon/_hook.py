@@ -20,10 +20,11 @@ class RunArgs(NamedTuple):
 
     Attributes:
       fetches: values to compute inside the same compiled step and deliver to the
-        hook's `after_run` as host NumPy. Output names (`"loss"` or `["loss", "acc"]`)
-        or a mapping from result name to an output name or a callable
-        `fn(state, batch, outputs) -> pytree` (state is the post-step state). Pass
-        the same callable object each run: each distinct fetch set compiles once.
+        hook's `after_run` as host NumPy, in TF's structure: an output name (a nested
+        one by its path, `"grads/conv1/w"`) or a callable `fn(state, batch, outputs)
+        -> pytree` (state is the post-step state) gives its value, a list of them a
+        list, a dict `{result_name: name or fn}` a dict. Pass the same callable
+        object each run: each distinct fetch set compiles once.
       feeds: entries merged into the batch for this run (the batch must be a dict).
       late: deliver this run's `after_run` one run later, after the next step was
         dispatched (or when the session syncs or closes), so that reading the
@@ -81,8 +82,8 @@ class RunValues(NamedTuple):
     """What one run produced for a hook; immutable.
 
     Attributes:
-      results: this hook's fetches as host NumPy, keyed by result name; None when
-        the hook asked for none.
+      results: this hook's fetches as host NumPy in the structure it asked (a value,
+        a list or a dict, see `RunArgs.fetches`); None when it asked for none.
       step: the step number after this run.
       outputs: the step's outputs as device arrays, unread (reading one, e.g. with
         `np.asarray`, waits for the step; in a late `after_run` it is done already).
@@ -90,7 +91,7 @@ class RunValues(NamedTuple):
         asked to `read` at this run, else None.
     """
 
-    results: dict[str, Any] | None
+    results: Any
     step: int
     outputs: Mapping[str, Any] = types.MappingProxyType({})
     accumulated: dict[str, Any] | None = None
@@ -113,9 +114,9 @@ class Hook:
       >>> import jaxmon as jm
       >>> class PrintLoss(jm.Hook):
       ...     def before_run(self, ctx):
-      ...         return jm.RunArgs(fetches=["loss"])
+      ...         return jm.RunArgs(fetches="loss")
       ...     def after_run(self, ctx, values):
-      ...         print(values.step, values.results["loss"])
+      ...         print(values.step, values.results)
     """
 
     def begin(self) -> None:

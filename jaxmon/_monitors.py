@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._events import to_host
-from jaxmon._fetches import normalize
+from jaxmon._fetches import normalize, paths
 
 
 def check_reduce(owner: str, reduce: object) -> str:
@@ -46,14 +46,15 @@ class Reduction:
         """This step's value: the fetch, evaluated in the step (traced)."""
         if callable(self.fetch):
             return self.fetch(state, batch, outputs)
+        flat = paths(outputs)  # a nested output by its path
         if isinstance(self.fetch, str):
-            if self.fetch not in outputs:
+            if self.fetch not in flat:
                 raise ValueError(f"{self!r} reduces {self.fetch!r}, which is not an output of the step function; "
-                                 f"its outputs are {sorted(outputs)}. Name one of those, or pass a callable "
+                                 f"its outputs are {sorted(flat)}. Name one of those, or pass a callable "
                                  "fn(state, batch, outputs).")
-            return outputs[self.fetch]
-        names = outputs if self.fetch is None else [name for name in self.fetch if name in outputs]
-        return {name: outputs[name] for name in names if jnp.ndim(outputs[name]) == 0}
+            return flat[self.fetch]
+        names = flat if self.fetch is None else [name for name in self.fetch if name in flat]
+        return {name: flat[name] for name in names if jnp.ndim(flat[name]) == 0}
 
     def init(self, value: Any) -> Any:
         """The accumulator before the first step: a pytree of int32 or float32 NumPy

@@ -96,8 +96,8 @@ class MonitoredSession:
       >>> with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=[1.0, 2.0, 3.0],
       ...                          hooks=[jm.StopAtStepHook(last_step=2)]) as sess:
       ...     while not sess.should_stop():
-      ...         values = sess.run(fetches=["total"])
-      >>> sess.step, float(values["total"])
+      ...         total = sess.run(fetches="total")
+      >>> sess.step, float(total)
       (2, 3.0)
     """
 

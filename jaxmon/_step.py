@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._batches import stack_leaves
-from jaxmon._fetches import FetchSpec
+from jaxmon._fetches import FetchSpec, paths
 
 logger = logging.getLogger("jaxmon")
 
@@ -148,19 +148,25 @@ def _check_result(result: Any, state: Any) -> tuple[Any, dict[str, Any]]:
             f"step_fn must return a pair (new_state, outputs); it returned {_describe(result)}."
         )
     new_state, outputs = result
-    if not isinstance(outputs, Mapping) or not all(isinstance(k, str) for k in outputs):
+    if not _str_keys(outputs):
         raise TypeError(
-            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}}; "
+            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}} (dicts may nest); "
             f"it returned {_describe(outputs)}."
         )
-    bad = {k: _describe(v) for k, v in outputs.items() if not _is_array(v)}
+    bad = {k: _describe(v) for k, v in paths(outputs).items() if not _is_array(v)}
     if bad:
         raise TypeError(
-            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}}; "
+            f"step_fn's outputs must be a dict of arrays such as {{'loss': loss}} (dicts may nest); "
             f"these entries are not arrays: {bad}. Return arrays (or scalars) only."
         )
     _check_same_state(state, new_state)
     return new_state, dict(outputs)
+
+
+def _str_keys(outputs: Any) -> bool:
+    """Whether `outputs` is a dict with str keys, and so is every dict in it."""
+    return isinstance(outputs, Mapping) and all(
+        isinstance(k, str) and (not isinstance(v, Mapping) or _str_keys(v)) for k, v in outputs.items())
 
 
 def _check_same_state(state: Any, new_state: Any) -> None:

@@ -92,6 +92,15 @@ class TensorBoardWriter:
         table = "\n".join(["| name | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in flat.items())])
         self.write_texts(0, {"hparams": table})
 
+    def restart(self, step: int) -> None:
+        """A run resumed at `step`: TF's `SessionLog.START`, so that TensorBoard drops what
+        an earlier run wrote after `step` (its orphaned points). TensorBoard drops the
+        points at and after the marker's step: `step + 1`, the first step run again."""
+        from tensorboardX.proto import event_pb2
+
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._events.write_event(event_pb2.Event(wall_time=time.time(), step=step + 1, session_log=start))
+
     def flush(self) -> None:
         self._events.flush()
 
@@ -158,6 +167,21 @@ class JsonlWriter:
         with open(path, "w", encoding="utf-8") as f:
             json.dump({k: _hparam_value(v) for k, v in _flatten_dict(hparams).items()}, f, indent=1)
 
+    def restart(self, step: int) -> None:
+        """A run resumed at `step`: drops the lines an earlier run wrote after it (and a
+        last line a kill cut short), so that every step has one line."""
+        self.flush()
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        kept = [line for line in lines if _line_step(line) <= step]
+        if len(kept) < len(lines):
+            self._file.close()
+            temporary = f"{self.path}.{os.getpid()}.tmp"
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(temporary, self.path)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
     def flush(self) -> None:
         self._emit()
         self._file.flush()
@@ -196,6 +220,10 @@ class MultiWriter:
     def write_hparams(self, hparams):
         for writer in self.writers:
             writer.write_hparams(hparams)
+
+    def restart(self, step):
+        for writer in self.writers:
+            restart(writer, step)
 
     def flush(self):
         for writer in self.writers:
@@ -337,6 +365,12 @@ class WriterSlot:
         if self.given is None and self.output_dir is not None and self.writer is None:
             self.writer = SummaryWriterCache.get(self.output_dir)
 
+    def restarted(self, session: Any) -> None:
+        """After a session restored a checkpoint: the writer forgets what was written
+        after its step (see `TensorBoardWriter.restart`)."""
+        if session.restored_step is not None and self.writer is not None:
+            restart(self.writer, session.restored_step)
+
     def close(self) -> None:
         writer = self.writer
         if writer is None:
@@ -346,3 +380,19 @@ class WriterSlot:
         else:
             self.writer = None
             writer.close()
+
+
+def restart(writer: Any, step: int) -> None:
+    """`writer.restart(step)` for a writer that has it (a user's writer may not)."""
+    method = getattr(writer, "restart", None)
+    if callable(method):
+        method(step)
+
+
+def _line_step(line: str) -> float:
+    """The step of a line of metrics.jsonl; infinite for a line a kill cut short."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return math.inf
+    return step if isinstance(step, (int, float)) else -math.inf

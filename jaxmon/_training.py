@@ -51,6 +51,9 @@ class MonitoredTrainingSession(MonitoredSession):
         output of the step).
       log_step_count_steps: the `global_step/sec` period; 0 or None: none.
       summary_dir: where summaries go; default `checkpoint_dir`.
+      hparams: hyper-parameters (a dict, possibly nested), written once per run (not
+        again on resume) to TensorBoard's HParams plugin and `hparams.json` beside
+        `metrics.jsonl`, on the chief.
       max_to_keep: how many recent checkpoints the saver keeps.
       stop_grace_period_secs: as for `MonitoredSession`.
       max_wait_secs: accepted for TF's signature. In JAX every process restores the
@@ -94,6 +97,7 @@ class MonitoredTrainingSession(MonitoredSession):
         stop_grace_period_secs: float = 120,
         max_wait_secs: float = 7200,
         config: Mapping[str, Any] | None = None,
+        hparams: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ):
         save_summaries_steps, save_summaries_secs = _resolve(
@@ -136,12 +140,23 @@ class MonitoredTrainingSession(MonitoredSession):
         super().__init__(step_fn, init_fn, state=state, data=data, hooks=[*standard, *hooks],
                          checkpoint_dir=checkpoint_dir, config=config,
                          stop_grace_period_secs=stop_grace_period_secs, **kwargs)
-        if config is not None and self.summary_dir is not None:
+        if hparams is not None and not isinstance(hparams, Mapping):
+            self._close(clean=False)
+            raise TypeError(f"MonitoredTrainingSession hparams must be a dict (it may nest); got {hparams!r:.80}.")
+        if self.summary_dir is not None and (config is not None or (hparams and self.restored_step is None)):
             try:
-                self.summary_computed({"config": json.dumps(dict(config), indent=2, sort_keys=True, default=str)})
+                if config is not None:
+                    self.summary_computed({"config": json.dumps(dict(config), indent=2, sort_keys=True, default=str)})
+                if hparams and self.restored_step is None:  # once per run: not again on resume
+                    self._summary_writer().write_hparams(hparams)
             except BaseException:
                 self._close(clean=False)  # release what the hooks' begin() opened
                 raise
+
+    def _summary_writer(self) -> Any:
+        if self._summary_handle is None:
+            self._summary_handle = SummaryWriterCache.get(self.summary_dir)
+        return self._summary_handle.writer
 
     def summary_computed(self, summaries: Mapping[str, Any], step: int | None = None) -> None:
         """Writes summaries you computed yourself into the session's event file and
@@ -165,9 +180,7 @@ class MonitoredTrainingSession(MonitoredSession):
                 "summary_dir= or checkpoint_dir= on the chief.")
         if not isinstance(summaries, Mapping) or not all(isinstance(tag, str) for tag in summaries):
             raise TypeError(f"summary_computed takes a dict {{tag: value}}; got {summaries!r:.80}.")
-        if self._summary_handle is None:
-            self._summary_handle = SummaryWriterCache.get(self.summary_dir)
-        writer = self._summary_handle.writer
+        writer = self._summary_writer()
         step = self.step if step is None else step
         scalars, texts, histograms = {}, {}, {}
         for tag, value in summaries.items():

@@ -156,6 +156,28 @@ def test_plot_writes_a_png_of_every_scalar(run, tmp_path):
     assert missing.returncode == 2 and "no scalar 'nope'" in missing.stderr
 
 
+def test_plot_of_two_runs_writes_one_png_with_both(run, tmp_path):
+    workdir, _ = run
+    other = tmp_path / "halved"  # a second run: the same curves, every loss halved
+    other.mkdir()
+    with open(workdir / "metrics.jsonl") as source, open(other / "metrics.jsonl", "w") as target:
+        for line in source:
+            record = json.loads(line)
+            target.write(json.dumps({k: v / 2 if k.endswith("loss") else v for k, v in record.items()}) + "\n")
+    out = tmp_path / "both.png"
+    result = jaxmon("plot", workdir, other, "--out", out)
+    assert result.returncode == 0, result.stderr
+    import matplotlib.image
+
+    assert result.stdout.startswith(f"wrote {out} (2 runs, ") and "eval/accuracy" in result.stdout
+    one = jaxmon("plot", workdir, "--out", tmp_path / "one.png")
+    assert one.returncode == 0, one.stderr
+    image, single = matplotlib.image.imread(out), matplotlib.image.imread(tmp_path / "one.png")  # both open
+    assert image.ndim == 3 and image.shape[1] >= 900 and image.shape[0] >= 300
+    assert image.shape == single.shape  # the same panels, each run's lines in them
+    assert out.stat().st_size > (tmp_path / "one.png").stat().st_size  # more lines, and a legend
+
+
 def test_plot_without_metrics_is_a_clear_error(tmp_path):
     result = jaxmon("plot", tmp_path)
     assert result.returncode == 2 and "no metrics.jsonl" in result.stderr

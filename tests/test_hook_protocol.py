@@ -56,10 +56,10 @@ def three_outputs(state, batch):
 def test_each_requester_gets_exactly_its_own_fetches():  # item 2
     a, b = RecordingHook("a", fetches=["x"]), RecordingHook("b", fetches={"why": "y"})
     sess = jm.MonitoredSession(three_outputs, zero, hooks=[a, b])
-    assert sess.run(fetches=["z"]) == {"z": 3.0}
-    assert a.values[0].results == {"x": 1.0}
+    assert sess.run(fetches=["z"]) == [3.0]  # a list asked gives a list, in its order
+    assert a.values[0].results == [1.0]
     assert b.values[0].results == {"why": 2.0}
-    assert isinstance(a.values[0].results["x"], np.ndarray)
+    assert isinstance(a.values[0].results[0], np.ndarray)
 
 
 def add_inputs(state, batch):
@@ -69,14 +69,16 @@ def add_inputs(state, batch):
 def test_feeds_from_hooks_alone_make_the_batch():  # item 3
     hooks = [RecordingHook("a", feeds={"a": 5.0}), RecordingHook("b", feeds={"b": 10.0})]
     sess = jm.MonitoredSession(add_inputs, zero, hooks=hooks)
-    assert sess.run(fetches="sum") == {"sum": 15.0}
+    total = sess.run(fetches="sum")  # a single name gives its value itself
+    assert isinstance(total, np.ndarray) and total == 15.0
 
 
 def test_feeds_merge_with_the_callers_batch_without_changing_it():  # item 4
     hooks = [RecordingHook("a", feeds={"a": 5.0}), RecordingHook("b", feeds={"b": 10.0})]
     sess = jm.MonitoredSession(add_inputs, zero, hooks=hooks)
     batch = {"c": 20.0}
-    assert sess.run(batch, fetches="sum") == {"sum": 35.0}
+    total = sess.run(batch, fetches="sum")
+    assert isinstance(total, np.ndarray) and total == 35.0
     assert batch == {"c": 20.0}
 
 
@@ -121,8 +123,10 @@ def test_without_hooks_the_step_gets_exactly_the_callers_batch():  # item 9
     sess = jm.MonitoredSession(echo, zero)
     x, y = np.arange(6.0).reshape(2, 3), np.int32(7)
     out = sess.run((x, (y, np.float32(0.5))), fetches=["x", "y", "z"])
-    np.testing.assert_array_equal(out["x"], x)
-    assert out["y"] == 7 and out["y"].dtype == np.int32 and out["z"] == 0.5
+    assert isinstance(out, list) and len(out) == 3
+    out_x, out_y, out_z = out
+    np.testing.assert_array_equal(out_x, x)
+    assert out_y == 7 and out_y.dtype == np.int32 and out_z == 0.5
 
 
 def test_every_event_goes_to_hooks_in_list_order():  # item 12

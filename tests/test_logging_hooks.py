@@ -29,8 +29,21 @@ def double_state(state, batch, outputs):
     return state * 2
 
 
-def info_lines(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "jaxmon" and r.levelno == logging.INFO]
+def info_lines(caplog, steps=None):
+    """The jaxmon INFO lines; a LoggingHook line's "step N: " prefix is checked (it must be
+    there) and taken off, its steps appended to `steps` when given."""
+    lines = []
+    for r in caplog.records:
+        if r.name == "jaxmon" and r.levelno == logging.INFO:
+            message = r.getMessage()
+            if " = " in message:  # a LoggingHook line in the default format
+                match = re.match(r"step (\d+): (.*)", message)
+                assert match, message
+                if steps is not None:
+                    steps.append(int(match[1]))
+                message = match[2]
+            lines.append(message)
+    return lines
 
 
 def warnings_(caplog):
@@ -92,6 +105,30 @@ def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it
             assert lines[4:] == ["value = 35"]
         else:
             assert len(lines) == 4
+
+
+def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(logs):
+    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=True, reduce="last")
+    sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
+    run_n(sess, 25)
+    sess.close()
+    steps = []
+    assert [line.split(" (")[0] for line in info_lines(logs, steps)] == ["value = 1", "value = 11", "value = 21",
+                                                                         "value = 25"]
+    assert steps == [1, 11, 21, 25]
+    logs.clear()
+    seen = []
+    def with_step(values, step):
+        seen.append(step)
+        return f"at {step}"
+
+    hooks = [jm.LoggingHook(["value"], every_n_iter=10, formatter=with_step),
+             jm.LoggingHook(["value"], every_n_iter=10, formatter=lambda values: f"{values['value']:.0f}")]  # TF's
+    sess = jm.MonitoredSession(count_step, zero, hooks=hooks)
+    run_n(sess, 15)
+    sess.close()
+    assert seen == [1, 11]
+    assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1", "at 11", "6"]
 
 
 def window_means(values, logged_steps, start=0):

@@ -316,7 +316,7 @@ def test_an_iterator_with_set_state_gets_back_the_batches_taken_ahead():
         first.run()
     first.close()
     with jm.MonitoredSession(step, lambda: jnp.zeros(()), data=source) as second:
-        assert float(second.run(fetches="seen")["seen"]) == 6.0  # the 4th batch: nothing skipped
+        assert float(second.run(fetches="seen")) == 6.0  # the 4th batch: nothing skipped
 
 
 def test_an_error_taking_a_batch_ahead_comes_when_that_batch_is_due():
@@ -361,10 +361,10 @@ class Sleepy(jm.Hook):
 
     def before_run(self, ctx):
         self.before.append(ctx.next_step)
-        return jm.RunArgs(fetches=["loss"]) if self.timer.due(ctx.next_step) else None
+        return jm.RunArgs(fetches="loss") if self.timer.due(ctx.next_step) else None
 
     def after_run(self, ctx, values):
-        self.after.append((values.step, None if values.results is None else float(values.results["loss"])))
+        self.after.append((values.step, None if values.results is None else float(values.results)))
 
 
 def test_a_hook_idle_between_triggers_is_called_only_on_runs_that_reach_one():

@@ -645,11 +645,11 @@ def test_recovery_restores_the_latest_checkpoint_state_and_step_together(tmp_pat
     saver = jm.CheckpointSaverHook(tmp_path / "run", save_steps=save_steps)
     hook = RecordingHook(raise_in={"before_run": (4, jm.AbortedError("preempted"))})
     sess = jm.MonitoredSession(count_step, zero, hooks=[saver, hook])
-    assert [int(sess.run(fetches="value")["value"]) for _ in range(3)] == [1, 2, 3]
+    assert [int(sess.run(fetches="value")) for _ in range(3)] == [1, 2, 3]
     restored_step = 3 if save_steps == 1 else 2
-    value = int(sess.run(fetches="value")["value"])  # aborts, restores, retries
+    value = int(sess.run(fetches="value"))  # aborts, restores, retries
     assert sess.step == value == restored_step + 1  # the state and the step restored together
-    assert int(sess.run(fetches="value")["value"]) == sess.step == restored_step + 2
+    assert int(sess.run(fetches="value")) == sess.step == restored_step + 2
     assert not sess.should_stop()
     assert hook.calls["begin"] == 1 and hook.calls["after_create_session"] == 2
     assert hook.sessions == [sess, sess]

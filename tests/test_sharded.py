@@ -122,11 +122,11 @@ class LossEvery(jm.Hook):
         self.n, self.losses = n, {}
 
     def before_run(self, ctx):
-        return jm.RunArgs(fetches=["loss"]) if (ctx.step + 1) % self.n == 0 else None
+        return jm.RunArgs(fetches="loss") if (ctx.step + 1) % self.n == 0 else None
 
     def after_run(self, ctx, values):
         if values.results is not None:
-            self.losses[values.step] = float(values.results["loss"])
+            self.losses[values.step] = float(values.results)
 
 
 class DispatchBound(jm.Hook):
@@ -218,7 +218,7 @@ def child_main(root):
             while not sess.should_stop():
                 step = sess.step + 1
                 if step % 10 == 0:
-                    caller[step] = float(sess.run(fetches=["loss"])["loss"])
+                    caller[step] = float(sess.run(fetches="loss"))
                 else:
                     sess.run()
         save("dp", sess.state)
@@ -344,7 +344,7 @@ def single(tmp_path_factory):
         assert ref.max_dispatch_ahead is None
         while not ref.should_stop():
             step = ref.step + 1
-            losses[step] = float(ref.run(fetches=["loss"])["loss"])
+            losses[step] = float(ref.run(fetches="loss"))
     source, saver = make_data(), jm.CheckpointSaverHook(root / "single", save_steps=10)
     saved = train(jm.MonitoredSession(step_fn, init_fn, data=source,
                                       hooks=[saver, jm.StopAtStepHook(last_step=SAVED_AT)]))

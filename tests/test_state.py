@@ -23,7 +23,7 @@ def losses_through_session(step_fn, init_fn, steps=60):
     with jm.MonitoredSession(step_fn, init_fn, hooks=[jm.StopAtStepHook(num_steps=steps)]) as sess:
         losses = []
         while not sess.should_stop():
-            losses.append(float(sess.run(batch, fetches="loss")["loss"]))
+            losses.append(float(sess.run(batch, fetches="loss")))
     return losses, sess
 
 

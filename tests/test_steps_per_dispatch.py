@@ -389,7 +389,7 @@ def test_run_with_a_list_of_batches_runs_that_many_steps():
     recorder = RecordingHook("rec")
     with jm.MonitoredSession(add_step, float_zero, steps_per_dispatch=4, hooks=[recorder]) as sess:
         out = sess.run([{"x": np.float32(i)} for i in (1, 2, 3)], fetches=["value"])
-        assert sess.step == 3 and float(out["value"]) == 6.0
+        assert sess.step == 3 and isinstance(out, list) and len(out) == 1 and float(out[0]) == 6.0
         sess.run([{"x": np.float32(10.0)}] * 4)
         assert sess.step == 7 and float(sess.state) == 46.0
     assert [ctx.steps for ctx in recorder.contexts] == [3, 4]

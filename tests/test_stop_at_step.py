@@ -11,7 +11,7 @@ import jaxmon as jm
 def run_all(sess):
     values, stops = [], []
     while not sess.should_stop():
-        values.append(int(sess.run(fetches="value")["value"]))
+        values.append(int(sess.run(fetches="value")))
         stops.append(sess.should_stop())
     return values, stops
 

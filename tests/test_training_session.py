@@ -520,3 +520,23 @@ def test_hooks_none_is_no_hooks_as_in_tf(tmp_path):
         while not sess.should_stop():
             sess.run()
     assert sess.step == 2 and jm.latest_checkpoint_step(tmp_path) == 2
+
+
+def test_hparams_are_written_once_per_run_to_tensorboard_and_beside_metrics_jsonl(tmp_path):
+    def session(hparams):
+        return jm.MonitoredTrainingSession(lambda s, b: (s + 1, {"loss": s * 1.0}), lambda: jnp.zeros(()),
+                                           checkpoint_dir=tmp_path, hparams=hparams, data=[{}] * 3)
+
+    with session({"lr": 0.1, "model": {"width": 64}}) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert json.loads((tmp_path / "hparams.json").read_text()) == {"lr": 0.1, "model.width": 64}
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")  # the HParams dashboard
+    assert "hparams/text_summary" in events.Tags()["tensors"]
+    with session({"lr": 0.5}):  # resumed at step 3: the run's hyper-parameters stay those it started with
+        pass
+    assert json.loads((tmp_path / "hparams.json").read_text()) == {"lr": 0.1, "model.width": 64}
+    with pytest.raises(TypeError, match="hparams must be a dict"):
+        session([("lr", 0.1)])

@@ -84,6 +84,7 @@ class EvalHook(Hook):
         self._slot.open()
 
     def after_create_session(self, session) -> None:
+        self._slot.restarted(session)
         self.timer.reset()
         self.timer.update_last_triggered_step(session.step)  # the clock starts now
 

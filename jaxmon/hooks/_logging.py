@@ -3,6 +3,7 @@ jaxmon's INFO lines visible, for the hooks that report through them."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -58,8 +59,9 @@ class LoggingHook(Hook):
       every_n_iter, every_n_secs: the period; give exactly one, unless `at_end` alone.
       at_end: also log the values on the final state at `end` (the last step's
         values, not means).
-      formatter: `formatter(values: dict) -> str`; the default is
-        `"tag = value, ..."` with the seconds since the previous line.
+      formatter: `formatter(values: dict) -> str`, or `formatter(values, step=...)`
+        to get the step after the logged run too; the default is `"step N: tag =
+        value, ..."` with the seconds since the previous line.
       reduce: "mean" (default) or "last" (TF's value of the logged step) for fetches
         that name scalar outputs.
       on_error: "raise" (default) or "warn" (keep training if logging fails).
@@ -79,6 +81,7 @@ class LoggingHook(Hook):
             steps_error=f"invalid every_n_iter={every_n_iter!r}: it must be an int >= 1.")
         if formatter is not None and not callable(formatter):
             raise TypeError(f"LoggingHook formatter must be a function formatter(values) -> str; got {formatter!r}.")
+        self._formatter_takes_step = formatter is not None and _takes_step(formatter)
         self._fetches = _fetches.normalize(fetches, "LoggingHook fetches")
         if not self._fetches:
             raise ValueError(f"LoggingHook needs something to log: an output name, a list, or a dict; got {fetches!r}.")
@@ -137,7 +140,7 @@ class LoggingHook(Hook):
         if not self.timer.should_trigger_for_step(iteration):
             return None
         self._elapsed[ctx.step] = self.timer.update_last_triggered_step(iteration)[0]
-        return RunArgs(fetches=self._fetches, late=True, read=bool(self.accumulators))
+        return RunArgs(fetches=dict(self._fetches), late=True, read=bool(self.accumulators))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is not None:
@@ -145,22 +148,35 @@ class LoggingHook(Hook):
             if values.accumulated:
                 means = values.accumulated["mean"]
                 results = {tag: means.get(self._names.get(tag), value) for tag, value in results.items()}
-            self._log(results, self._elapsed.pop(ctx.step, None))
+            self._log(results, self._elapsed.pop(ctx.step, None), values.step)
 
     def end(self, session) -> None:
         if self.at_end and self._iterations(session.step):
-            self._log(session.fetch(self._fetches), None)
+            self._log(session.fetch(dict(self._fetches)), None, session.step)
 
-    def _log(self, values: dict[str, Any], elapsed: float | None) -> None:
+    def _log(self, values: dict[str, Any], elapsed: float | None, step: int) -> None:
         if self.formatter is not None:
-            logger.info("%s", self.formatter(values))
+            text = self.formatter(values, step=step) if self._formatter_takes_step else self.formatter(values)
+            logger.info("%s", text)
             return
         with np.printoptions(suppress=True):
             line = ", ".join(f"{tag} = {values[tag]}" for tag in self._tags)
-        logger.info("%s (%.3f sec)" if elapsed is not None else "%s", line, *(() if elapsed is None else (elapsed,)))
+        if elapsed is None:
+            logger.info("step %d: %s", step, line)
+        else:
+            logger.info("step %d: %s (%.3f sec)", step, line, elapsed)
 
     def __repr__(self) -> str:
         return f"LoggingHook({self._tags!r}, {self.timer!r})"
+
+
+def _takes_step(formatter: Callable[..., str]) -> bool:
+    """Whether `formatter` accepts a `step=` keyword (TF's took the values alone)."""
+    try:
+        parameters = inspect.signature(formatter).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "step" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 LoggingTensorHook = LoggingHook

@@ -66,6 +66,7 @@ class StepCounterHook(Hook):
         self._slot.open()
 
     def after_create_session(self, session) -> None:
+        self._slot.restarted(session)
         self.timer.reset()  # a restored or recovered step starts a new interval
         self._last_step = None
 

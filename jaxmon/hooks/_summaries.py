@@ -107,6 +107,7 @@ class SummarySaverHook(Hook):
         self._slot.open()
 
     def after_create_session(self, session) -> None:
+        self._slot.restarted(session)
         if self.hparams and not self._hparams_written:
             self._slot.writer.write_hparams(self.hparams)
             self._hparams_written = True
@@ -114,7 +115,7 @@ class SummarySaverHook(Hook):
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.timer.due(ctx.next_step):
             return None
-        return RunArgs(fetches=self._fetches or {}, late=True, read=bool(self.accumulators))
+        return RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
@@ -123,7 +124,7 @@ class SummarySaverHook(Hook):
         if values.accumulated:
             groups["scalars"].update(values.accumulated["scalars"])
         elif self.output_scalars:
-            scalars = {tag: value for tag, value in values.outputs.items() if np.ndim(value) == 0}
+            scalars = {tag: value for tag, value in _fetches.paths(values.outputs).items() if np.ndim(value) == 0}
             groups["scalars"].update(jax.device_get(scalars))
         for tag, value in values.results.items():
             kind = self._kinds[tag]
