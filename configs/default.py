@@ -32,6 +32,7 @@ def get_config() -> dict:
             "save_summaries_secs": None,
             "log_step_count_steps": 250,
             "max_to_keep": 3,
+            "steps_per_dispatch": 1,  # up to N steps per dispatch (a lax.scan): see the README on when it helps
         },
         "warm_start": None,  # a checkpoint directory to take the model's parameters from, on a fresh start
     }

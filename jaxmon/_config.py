@@ -8,6 +8,7 @@ import copy
 import difflib
 import os
 import runpy
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,6 +25,8 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     Args:
       path: a Python file defining `get_config()` that returns a dict (or an
         `ml_collections.ConfigDict`, or anything with `to_dict()`), or a YAML file.
+        Its directory joins `sys.path`, so that modules next to it import by name
+        (`data.source: "mydata:load"`).
       overrides: `"key.sub=value"` strings (a leading `--config.` is allowed); see
         `apply_overrides`.
 
@@ -41,6 +44,9 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     if not os.path.isfile(path):
         raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
                           "defining get_config() (e.g. configs/default.py) or a YAML file.")
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:  # modules next to the config (a data loader, a model) import by name
+        sys.path.append(directory)
     if path.endswith((".yaml", ".yml")):
         with open(path) as file:
             config = _load_yaml(file)

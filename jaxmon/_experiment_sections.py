@@ -85,7 +85,9 @@ def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_b
       steps: the last step (also `ProgressBarHook`'s default `total_steps`).
       eval_fn: `EvalHook`'s default `eval_fn`.
       eval_batches: `EvalHook`'s default `data`.
-      workdir: `EvalHook`'s default `output_dir` (on process 0, without a `summary_writer`).
+      workdir: the default `output_dir` of every hook that takes one (`EvalHook`,
+        `SummarySaverHook`, `StepCounterHook`, `ProfilerHook`, ...), on process 0,
+        without a `summary_writer`.
 
     Returns:
       The hooks, the chief-only hooks, and the `EvalHook`s that evaluate with `eval_fn`.
@@ -114,14 +116,22 @@ def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: l
     if cls is jaxmon.EvalHook:
         args.setdefault("eval_fn", eval_fn)
         args.setdefault("data", eval_batches)
-        if "summary_writer" not in args and jax.process_index() == 0:  # one process writes event files
-            args.setdefault("output_dir", workdir)
     elif cls is jaxmon.ProgressBarHook:
         args.setdefault("total_steps", steps)
+    if ("summary_writer" not in args and jax.process_index() == 0  # one process writes event files
+            and "output_dir" in _parameters(cls)):
+        args.setdefault("output_dir", workdir)
     try:
         return cls(**args), chief_only
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{key} ({name}): {error}") from error
+
+
+def _parameters(cls: type) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _hook_class(name: Any, key: str) -> Any:

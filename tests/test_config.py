@@ -182,3 +182,47 @@ def test_a_model_that_cannot_be_built_is_not_blamed_on_the_session(tmp_path):
         jm.train_experiment(config, tmp_path)
     assert "Creating the session from the config failed: TypeError" in str(error.value)
     assert "check the keys of session" not in str(error.value)
+
+
+def test_a_config_may_use_modules_next_to_it_several_steps_per_dispatch_and_hooks_writing_to_the_run(tmp_path):
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    here = tmp_path / "experiment"
+    here.mkdir()
+    (here / "blobs_next_to_config.py").write_text(textwrap.dedent("""
+        import numpy as np
+
+        def load(split, n=256):
+            rng = np.random.default_rng(0 if split == "train" else 1)
+            y = rng.integers(0, 2, n)
+            x = (rng.standard_normal((n, 4)) + 2.0 * y[:, None]).astype(np.float32)
+            return {"x": x, "y": y.astype(np.int32)}
+    """))
+    (here / "config.py").write_text(textwrap.dedent("""
+        import blobs_next_to_config  # a module beside this file, imported by name
+
+        def get_config():
+            return {
+                "seed": 0, "steps": 40,
+                "data": {"source": "blobs_next_to_config:load", "batch_size": 32},
+                "model": {"name": "jaxmon.models:MLP", "features": [8], "num_outputs": 2},
+                "task": "classification",
+                "optimizer": {"name": "adam", "learning_rate": 1e-2},
+                "hooks": [{"name": "SummarySaverHook", "save_steps": 10, "summaries": {"h": "accuracy"}},
+                          {"name": "StepCounterHook", "every_n_steps": 10}],
+                "session": {"steps_per_dispatch": 8, "save_summaries_steps": None, "log_step_count_steps": None},
+            }
+    """))
+    config = jm.load_config(here / "config.py")
+    workdir = tmp_path / "run"
+    result = jm.train_experiment(config, workdir, report=lambda line: None)
+    assert result["step"] == 40
+    events = EventAccumulator(str(workdir))
+    events.Reload()
+    # The hooks named in the config wrote into the run's directory with no output_dir given.
+    assert [event.step for event in events.Scalars("h")] == [1, 11, 21, 31]
+    assert [event.step for event in events.Scalars("global_step/sec")] == [11, 21, 31]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert {record["step"] for record in records if "h" in record} == {1, 11, 21, 31}
