@@ -42,8 +42,10 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
         `learning_rate` may itself be `{"name": <optax schedule>, ...}`);
       - `hooks`: a list of `{"name": <jaxmon hook or import path>, ...arguments}`.
         `EvalHook` gets the eval function and the eval split, `ProgressBarHook` the
-        number of steps, unless given;
-      - `session`: arguments of `MonitoredTrainingSession` (periods of checkpoints,
+        number of steps, every hook that takes an `output_dir` the run's directory,
+        unless given. Modules next to the config file import by name;
+      - `session`: arguments of `MonitoredTrainingSession` (`hparams` defaults to the
+        whole config, flattened: TensorBoard's HParams dashboard; periods of checkpoints,
         summaries and the step counter, `max_to_keep`, `warm_start`, ...).
 
     Args:
@@ -182,7 +184,8 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
     e = experiment
     try:
         return MonitoredTrainingSession(e.step_fn, e.init_fn, data=e.data, checkpoint_dir=e.workdir, hooks=e.hooks,
-                                        chief_only_hooks=e.chief_only_hooks, config=e.config, **e.session_args)
+                                        chief_only_hooks=e.chief_only_hooks, config=e.config,
+                                        **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Creating the session from the config failed: {type(error).__name__}: {error}") from error
 
