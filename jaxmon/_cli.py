@@ -284,7 +284,7 @@ def _records(path: str) -> list[dict[str, Any]]:
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
                 records.append(record)
-            else:
+            elif not (isinstance(record, dict) and set(record) == {"hparams"}):  # the header is no step's
                 bad += 1
     if bad:
         print(f"jaxmon: skipped {bad} unreadable line(s) of {path}", file=sys.stderr)

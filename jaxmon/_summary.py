@@ -116,7 +116,8 @@ class JsonlWriter:
 
     Each line is `{"step": s, "wall_time": t, tag: value, ...}`; scalars written for one
     step by several hooks share its line. Text goes on the line too; histograms and
-    images are left to TensorBoard. Hyper-parameters go to `hparams.json` beside the file.
+    images are left to TensorBoard. Hyper-parameters written at a run's start are its
+    first line, `{"hparams": {...}}`, and go to `hparams.json` beside the file.
 
     Example:
       >>> import os, tempfile
@@ -163,9 +164,14 @@ class JsonlWriter:
         self._at(step).update({tag: str(text) for tag, text in texts.items()})
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """The first line of a new file, `{"hparams": {...}}` (flattened: `"model.width"`),
+        and `hparams.json` beside it."""
+        flat = {k: _hparam_value(v) for k, v in _flatten_dict(hparams).items()}
+        if self._file.tell() == 0 and not self._record:
+            self._file.write(json.dumps({"hparams": flat}) + "\n")
         path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "hparams.json")
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({k: _hparam_value(v) for k, v in _flatten_dict(hparams).items()}, f, indent=1)
+            json.dump(flat, f, indent=1)
 
     def restart(self, step: int) -> None:
         """A run resumed at `step`: drops the lines an earlier run wrote after it (and a

@@ -531,6 +531,9 @@ def test_hparams_are_written_once_per_run_to_tensorboard_and_beside_metrics_json
         while not sess.should_stop():
             sess.run()
     assert json.loads((tmp_path / "hparams.json").read_text()) == {"lr": 0.1, "model.width": 64}
+    header, *lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(header) == {"hparams": {"lr": 0.1, "model.width": 64}}  # metrics.jsonl's first line
+    assert [json.loads(line)["step"] for line in lines] == [1]  # summaries every 100 steps
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")  # the HParams dashboard
@@ -538,5 +541,9 @@ def test_hparams_are_written_once_per_run_to_tensorboard_and_beside_metrics_json
     with session({"lr": 0.5}):  # resumed at step 3: the run's hyper-parameters stay those it started with
         pass
     assert json.loads((tmp_path / "hparams.json").read_text()) == {"lr": 0.1, "model.width": 64}
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines()[0] == header
+    from jaxmon._cli import run_info
+
+    assert run_info(str(tmp_path))["metrics"]["loss"] == (1, 0.0)  # `jaxmon inspect` reads past the header
     with pytest.raises(TypeError, match="hparams must be a dict"):
         session([("lr", 0.1)])
