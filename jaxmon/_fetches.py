@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxmon._paths import flatten
+
 FetchSpec = str | Callable[..., Any]
 _HINT = ("fetches are an output name, a callable fn(state, batch, outputs), a list of them, or a dict "
          "{result_name: name or fn}")
@@ -118,12 +120,6 @@ def output(outputs: Mapping[str, Any], name: str, owner: object) -> Any:
     return value
 
 
-def paths(outputs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def paths(outputs: Mapping[str, Any]) -> dict[str, Any]:
     """Every leaf of (nested) `outputs` by its path joined with "/"."""
-    flat = {}
-    for key, value in outputs.items():
-        if isinstance(value, Mapping):
-            flat.update(paths(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flatten(outputs, "/")

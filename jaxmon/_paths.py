@@ -1,7 +1,9 @@
-"""Names of pytree leaves: a `jax.tree_util` key path as "a/b/c"."""
+"""Names of pytree leaves: a `jax.tree_util` key path as "a/b/c", and nested dicts
+flattened by their keys' paths."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -42,3 +44,20 @@ def by_path(tag: str, tree: Any) -> dict[str, Any]:
     """
     return {f"{tag}/{path_name(path)}" if path else tag: leaf
             for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def flatten(tree: Mapping[str, Any], separator: str = "/", prefix: str = "") -> dict[str, Any]:
+    """Every value of nested dicts `tree` that is not a dict, by its keys joined with
+    `separator`.
+
+    Example:
+      >>> flatten({"loss": 1.0, "grads": {"w": 2.0}})
+      {'loss': 1.0, 'grads/w': 2.0}
+    """
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, separator, f"{prefix}{key}{separator}"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

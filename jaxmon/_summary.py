@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from jaxmon._paths import flatten
+
 _FILE_NUMBERS = itertools.count()
 
 
@@ -86,7 +88,7 @@ class TensorBoardWriter:
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         from tensorboardX import summary
 
-        flat = {key: _hparam_value(value) for key, value in _flatten_dict(hparams).items()}
+        flat = {key: _hparam_value(value) for key, value in flatten(hparams, ".").items()}
         for part in summary.hparams(flat, {}):
             self._write(0, list(part.value))
         table = "\n".join(["| name | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in flat.items())])
@@ -166,7 +168,7 @@ class JsonlWriter:
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """The first line of a new file, `{"hparams": {...}}` (flattened: `"model.width"`),
         and `hparams.json` beside it."""
-        flat = {k: _hparam_value(v) for k, v in _flatten_dict(hparams).items()}
+        flat = {k: _hparam_value(v) for k, v in flatten(hparams, ".").items()}
         if self._file.tell() == 0 and not self._record:
             self._file.write(json.dumps({"hparams": flat}) + "\n")
         path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "hparams.json")
@@ -330,15 +332,6 @@ def _image(tag: str, image: Any) -> np.ndarray:
         )
     return image
 
-
-def _flatten_dict(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten_dict(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
