@@ -143,11 +143,12 @@ class BatchSource:
 
 
 def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
-    """`(steps, batch, batches)` of a run of several steps: a list of batches given to
-    `run()` (with `steps_per_dispatch`) or taken from data. `batch` is what the step
-    gets: host arrays stacked on a new leading axis here (one transfer), batches
-    already on the device as a list, which the compiled step stacks inside its own
-    program (no dispatch of its own); `batches` is the list, as hooks see it."""
+    """`(steps, batch, batches)` of one run. For a run of several steps (a list of
+    batches given to `run()` with `steps_per_dispatch`, or taken from data), `batch` is
+    what the step gets: host arrays stacked on a new leading axis here (one transfer),
+    batches already on the device as a list, which the compiled step stacks inside its
+    own program (no dispatch of its own); `batches` is the list, as hooks see it. A
+    run of one step gets its batch twice."""
     if isinstance(batch, list) and steps_per_dispatch > 1:
         batch = Steps(batch)
     if isinstance(batch, Steps):
@@ -170,7 +171,7 @@ class Steps:
 
     def stacked(self) -> Any:
         """Host batches stacked on a new leading axis; batches on the device as they are,
-        a list (see `as_run`), once their structures and shapes are checked."""
+        a list (see `as_run`: the step stacks them, and checks their shapes then)."""
         if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items[0])):
             return self.items
         try:
