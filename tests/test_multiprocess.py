@@ -99,6 +99,16 @@ WORKER = textwrap.dedent('''
             if values.step == self.fail_step:
                 raise ValueError(f"local check on process {pid} failed at step {values.step}")
 
+    class Count(jm.Hook):  # placed after the saver: its state in checkpoint N must be N
+        def __init__(self):
+            self.count = 0
+        def after_run(self, ctx, values):
+            self.count += 1
+        def get_state(self):
+            return {"count": self.count}
+        def set_state(self, state):
+            self.count = state["count"]
+
     class Progress(jm.Hook):
         def after_run(self, ctx, values):
             print(f"STEP {values.step}", flush=True)
@@ -146,7 +156,7 @@ WORKER = textwrap.dedent('''
             # Process 1 reaches the trigger a varying time into each step: its own clock
             # would fire at other steps than the chief's.
             jitter = [Sleep(np.random.default_rng(7).uniform(0, 0.05, 1000))] if pid == 1 else []
-            train("train", batches(), hooks=[*jitter, periodic],
+            train("train", batches(), hooks=[*jitter, periodic, Count()],
                   chief_only_hooks=[StopAt(30), Sleep(0.03)], extra={"fired": fired})
         elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
             train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
@@ -300,6 +310,12 @@ def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     restored = jm.restore_checkpoint(run, like=single_device_state())  # the test's one device
     assert restored.step == 30 and restored.meta["step"] == 30
     assert type(restored.state["opt"]) is type(single_device_state()["opt"])
+    # Each checkpoint holds the state of a hook after the saver as of its own step.
+    from jaxmon._checkpoint import read_meta
+
+    counts = {step: [v for k, v in read_meta(run / str(step))["hooks"].items() if k.startswith("Count")]
+              for step in steps}
+    assert counts == {step: [{"count": step}] for step in steps}, counts
     np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
 
 
