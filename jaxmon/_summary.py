@@ -169,7 +169,7 @@ class JsonlWriter:
         """The first line of a new file, `{"hparams": {...}}` (flattened: `"model.width"`),
         and `hparams.json` beside it."""
         flat = {k: _hparam_value(v) for k, v in flatten(hparams, ".").items()}
-        if self._file.tell() == 0 and not self._record:
+        if self._file.tell() == 0:  # a new file (a step's record still pending comes after)
             self._file.write(json.dumps({"hparams": flat}) + "\n")
         path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "hparams.json")
         with open(path, "w", encoding="utf-8") as f:

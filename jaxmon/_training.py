@@ -145,10 +145,10 @@ class MonitoredTrainingSession(MonitoredSession):
             raise TypeError(f"MonitoredTrainingSession hparams must be a dict (it may nest); got {hparams!r:.80}.")
         if self.summary_dir is not None and (config is not None or (hparams and self.restored_step is None)):
             try:
+                if hparams and self.restored_step is None:  # once per run, first: not again on resume
+                    self._summary_writer().write_hparams(hparams)
                 if config is not None:
                     self.summary_computed({"config": json.dumps(dict(config), indent=2, sort_keys=True, default=str)})
-                if hparams and self.restored_step is None:  # once per run: not again on resume
-                    self._summary_writer().write_hparams(hparams)
             except BaseException:
                 self._close(clean=False)  # release what the hooks' begin() opened
                 raise

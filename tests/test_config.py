@@ -227,6 +227,7 @@ def test_a_config_may_use_modules_next_to_it_several_steps_per_dispatch_and_hook
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert {record["step"] for record in records if "h" in record} == {1, 11, 21, 31}
     # The config is the run's hyper-parameters: TensorBoard's HParams dashboard, and hparams.json.
+    assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[0])["hparams"]["seed"] == 0  # the header
     hparams = json.loads((workdir / "hparams.json").read_text())
     assert hparams["optimizer.learning_rate"] == 0.01 and hparams["session.steps_per_dispatch"] == 8
     assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
