@@ -88,7 +88,7 @@ class TensorBoardWriter:
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         from tensorboardX import summary
 
-        flat = {key: _hparam_value(value) for key, value in flatten(hparams, ".").items()}
+        flat = _flat_hparams(hparams)
         for part in summary.hparams(flat, {}):
             self._write(0, list(part.value))
         table = "\n".join(["| name | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in flat.items())])
@@ -168,7 +168,7 @@ class JsonlWriter:
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """The first line of a new file, `{"hparams": {...}}` (flattened: `"model.width"`),
         and `hparams.json` beside it."""
-        flat = {k: _hparam_value(v) for k, v in flatten(hparams, ".").items()}
+        flat = _flat_hparams(hparams)
         if self._file.tell() == 0:  # a new file (a step's record still pending comes after)
             self._file.write(json.dumps({"hparams": flat}) + "\n")
         path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "hparams.json")
@@ -332,6 +332,11 @@ def _image(tag: str, image: Any) -> np.ndarray:
         )
     return image
 
+
+
+def _flat_hparams(hparams: Mapping[str, Any]) -> dict[str, bool | int | float | str]:
+    """Hyper-parameters as one level, `{"model.width": 64}`, each a bool, number or str."""
+    return {key: _hparam_value(value) for key, value in flatten(hparams, ".").items()}
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:

@@ -100,6 +100,8 @@ class MonitoredTrainingSession(MonitoredSession):
         hparams: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ):
+        if hparams is not None and not isinstance(hparams, Mapping):
+            raise TypeError(f"MonitoredTrainingSession hparams must be a dict (it may nest); got {hparams!r:.80}.")
         save_summaries_steps, save_summaries_secs = _resolve(
             "save_summaries_steps", save_summaries_steps, "save_summaries_secs", save_summaries_secs, (100, None))
         save_checkpoint_steps, save_checkpoint_secs = _resolve(
@@ -140,9 +142,6 @@ class MonitoredTrainingSession(MonitoredSession):
         super().__init__(step_fn, init_fn, state=state, data=data, hooks=[*standard, *hooks],
                          checkpoint_dir=checkpoint_dir, config=config,
                          stop_grace_period_secs=stop_grace_period_secs, **kwargs)
-        if hparams is not None and not isinstance(hparams, Mapping):
-            self._close(clean=False)
-            raise TypeError(f"MonitoredTrainingSession hparams must be a dict (it may nest); got {hparams!r:.80}.")
         if self.summary_dir is not None and (config is not None or (hparams and self.restored_step is None)):
             try:
                 if hparams and self.restored_step is None:  # once per run, first: not again on resume
