@@ -29,15 +29,18 @@ class Dispatch:
       max_dispatch_ahead: the most steps queued without waiting for one, None for no
         bound, or "auto" (see `_sharding.dispatch_ahead_default`).
       monitors: the hooks' accumulators, updated inside every step (see `Monitors`).
+      steps_per_dispatch: the most steps of one run; every power of two up to it is a
+        run length that the step is compiled for ahead (see `CompiledStep`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
-                 max_dispatch_ahead: int | None | str, monitors: Monitors | None = None):
+                 max_dispatch_ahead: int | None | str, monitors: Monitors | None = None, steps_per_dispatch: int = 1):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
             _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
-        self._compiled = CompiledStep(step_fn, donate_state=donate_state)
+        lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
+        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths)
         self._monitors = self._compiled.monitors = monitors if monitors is not None and monitors.active else None
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
@@ -47,7 +50,11 @@ class Dispatch:
 
     @property
     def compile_count(self) -> int:
+        self._compiled.wait_ahead()
         return self._compiled.trace_count
+
+    def close(self) -> None:
+        self._compiled.close()
 
     def keep_on_mesh(self, state: Any) -> None:
         """With a mesh, constrains every new state to the shardings `state` has."""
@@ -81,20 +88,27 @@ class Dispatch:
         return batch, plan, fetching
 
     def __call__(self, state: Any, batch: Any, plan: _fetches.FetchPlan, length: int,
-                 step: int) -> tuple[Any, Any, tuple]:
+                 step: int, unfed: Any = None) -> tuple[Any, Any, tuple]:
         """Dispatches the run of `length` steps after `step`; returns `(new_state,
-        outputs, fetched)`."""
+        outputs, fetched)`. `unfed` is `batch` before `plan` merged the hooks' feeds."""
         if self._placement is not None:
             batch = self._placement.place_batch(batch)
         monitors = self._monitors
-        if monitors is None:
-            state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length)
-        else:
-            if monitors.carry is None:  # the first run since the state was created
-                monitors.prepare(self._compiled.step_fn, state, batch, length,
-                                 None if self._placement is None else self._placement.replicated)
-            state, outputs, fetched, monitors.carry = self._compiled(plan.key, state, batch, plan.owners, length,
-                                                                     monitors.carry)
+        try:
+            if monitors is None:
+                state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length, unfed=unfed)
+            else:
+                if monitors.carry is None:  # the first run since the state was created
+                    monitors.prepare(self._compiled.step_fn, state, batch, length,
+                                     _carry_sharding(state, self._placement))
+                state, outputs, fetched, monitors.carry = self._compiled(plan.key, state, batch, plan.owners,
+                                                                         length, monitors.carry, unfed)
+        except Exception as error:  # on the trace of a new program only: raising costs nothing before
+            if self._placement is not None and type(error).__name__ == "ShardingTypeError":
+                note = _sharding.explicit_axes_note(self._placement.mesh)
+                if note is not None:
+                    error.add_note(note)
+            raise
         if self.max_dispatch_ahead is not None:
             self._bound(state, outputs, step)
         self.last_run, self._last_length = (batch, outputs), length
@@ -124,6 +138,15 @@ class Dispatch:
         fetched = self._compiled.evaluate(plan.key, state, batch, outputs, plan.owners)
         [result] = plan.route(outputs, fetched)
         return jax.device_get(result)
+
+
+def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
+    """Where the accumulators go: replicated on a mesh, else on the state's device,
+    committed like the state (or the second run would compile again)."""
+    if placement is not None:
+        return placement.replicated
+    leaf = next(iter(jax.tree.leaves(state)), None)
+    return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
 def merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:

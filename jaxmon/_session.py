@@ -44,8 +44,7 @@ class MonitoredSession:
       init_fn: `init_fn() -> state`, called at creation and to re-create the state
         after a recoverable error. Give exactly one of `init_fn` and `state`.
       state: the initial state itself (it is donated to the first step).
-      data: an iterable of batches; `run()` without a batch takes the next one, and
-        its end ends the session cleanly.
+      data: an iterable of batches; `run()` without a batch takes the next one; its end ends the session.
       hooks: `Hook` instances, called in list order.
       donate_state: donate the state's buffers to the step (a previous state's arrays die).
       initial_step: the step number a hand-restored initial state has completed.
@@ -78,13 +77,13 @@ class MonitoredSession:
       steps_per_dispatch: run up to this many steps per `run()` in one dispatch
         (`jax.lax.scan` over batches from `data`, or a list given to `run()`), cut so
         that every step-based trigger (a hook's `steps_to_next_trigger`) ends a run
-        on its exact step. Run lengths are powers of two: at most log2(k) + 1 programs
-        per fetch set. Hooks see one `before_run` / `after_run` per run (`ctx.steps`
-        steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
-        triggers fire at run ends. One process, no mesh.
-      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto":
-        16 on several CPU devices (XLA aborts when ~50 programs with collectives queue
-        up there), else None (no bound).
+        on its exact step. Run lengths are powers of two: log2(k) + 1 programs per
+        fetch set, compiled in the background when the set first runs, so that no
+        shorter run stalls later. Hooks see one `before_run` / `after_run` per run
+        (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`;
+        seconds-based triggers fire at run ends. One process, no mesh.
+      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto": 16 on
+        several CPU devices (XLA aborts when ~50 programs with collectives queue up there), else None.
       prefetch: with one step per run and no mesh, how many batches of `data` are taken
         ahead and sent to the device while earlier steps run (0: none).
 
@@ -115,8 +114,8 @@ class MonitoredSession:
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         self._events = HookEvents(hooks, request_stop=self.request_stop, quiet_runs=jax.process_count() == 1)
         self._monitors = Monitors(self.hooks, on_read=self._events.after_read)
-        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
-                                  max_dispatch_ahead=max_dispatch_ahead, monitors=self._monitors)
+        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, monitors=self._monitors,
+                                  max_dispatch_ahead=max_dispatch_ahead, steps_per_dispatch=steps_per_dispatch)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger,
@@ -187,8 +186,8 @@ class MonitoredSession:
             return outputs
         ctx = RunContext(self._step, self, RunArgs(fetches, given), steps=length)
         requests = self._events.before_run(ctx)
-        batch, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
-        self._state, outputs, fetched = self._dispatch(self._state, batch, plan, length, self._step)
+        fed, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
+        self._state, outputs, fetched = self._dispatch(self._state, fed, plan, length, self._step, unfed=batch)
         self._step += length
         self._stop_requested |= self._preemption.after_run(self._step)
         self._monitors.read_for(self._step, requests.reading)
@@ -287,6 +286,7 @@ class MonitoredSession:
                 _quietly(self._events.deliver_late, "delivering the last late results")
             ok = True
         finally:
+            self._dispatch.close()  # compilations ahead not started are dropped
             self._batches.give_back()
             self._events.close(raise_errors=ok and clean)
 
@@ -327,8 +327,8 @@ class MonitoredSession:
 
     @property
     def compile_count(self) -> int:
-        """How many times the step was compiled: once per distinct fetch set and run
-        length (again only when the shapes of the state or batch change)."""
+        """How many times the step was compiled: once per fetch set and run length (again
+        if shapes change), ahead of time included (reading it waits for those)."""
         return self._dispatch.compile_count
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import numbers
-from collections.abc import Callable, Mapping
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -16,6 +19,8 @@ from jaxmon._batches import stack_leaves
 from jaxmon._fetches import FetchSpec, paths
 
 logger = logging.getLogger("jaxmon")
+#: How long each compilation took (INFO), under its own name so that it can be silenced.
+compile_log = logging.getLogger("jaxmon.compile")
 
 #: More compiled variants than this suggests a fetch set that changes every run.
 VARIANT_WARNING = 8
@@ -46,18 +51,28 @@ class CompiledStep:
 
     Calling it with a key (a tuple of callables) returns `(new_state, outputs,
     fetched)` where `fetched` holds one value per callable. Each key is compiled once
-    (and again only if the shapes of the state or batch change); `trace_count` counts
-    every trace, so tests can assert that nothing recompiles by accident.
-    `evaluate` computes fetches on a given state, batch and outputs without a step.
+    per run length (and again only if the shapes of the state or batch change);
+    `trace_count` counts every trace, so tests can assert that nothing recompiles by
+    accident. `evaluate` computes fetches on a given state, batch and outputs without
+    a step.
+
+    With several run `lengths`, the first call of a key also compiles that key's
+    other lengths, and those of the key without fetches (the runs that every hook
+    sleeps through), ahead of time in a background thread while the first runs
+    execute: a run cut short for a trigger, or by the end of the data, finds its
+    program compiled (or waits only for the rest of its compilation).
     """
 
-    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True):
+    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,)):
         check_step_fn(step_fn)
         self.step_fn = step_fn
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
-        self.trace_count = 0
+        self._traces: list[int] = []  # one entry per trace (list.append is atomic across threads)
+        self.lengths = tuple(lengths)
+        self._ahead: dict[tuple, concurrent.futures.Future] = {}  # (key, length) compiling in the background
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: The session's `_monitors.Monitors` when some hook has accumulators: their
         #: update is traced into every step. Set before the first call.
         self.monitors: Any = None
@@ -65,23 +80,77 @@ class CompiledStep:
         #: on its shardings with it); set before the first call.
         self.state_constraint: Callable[[Any], Any] | None = None
 
+    @property
+    def trace_count(self) -> int:
+        return len(self._traces)
+
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1, carry: Any = None):
+                 length: int = 1, carry: Any = None, unfed: Any = None):
         """One dispatch: one step, or with `length` > 1 that many steps scanned over
         the leading axis of `batch` (outputs and fetches of the last step). With
         `monitors` set, `carry` is their accumulators before the run; the call then
-        returns `(new_state, outputs, fetched, new_carry)`."""
+        returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch` without
+        the hooks' feeds (the batch of a run without hooks), when they differ."""
         variant = self._variants.get((key, length))
-        if variant is None:
-            variant = self._variants[key, length] = self._build(key, dict(owners), length)
-            if len(self._variants) > VARIANT_WARNING and len({k for k, _ in self._variants}) == VARIANT_WARNING + 1:
-                logger.warning(
-                    "The step is now compiled for %d distinct fetch sets. A hook probably "
-                    "fetches a new callable each run (e.g. a lambda made in before_run): "
-                    "create the callable once and pass the same object every run.",
-                    len({k for k, _ in self._variants}),
-                )
-        return variant(state, batch, carry)
+        if variant is not None:
+            ahead = self._ahead.pop((key, length), None)
+            if ahead is not None:
+                ahead.result()  # the rest of its compilation, if the background is not done yet
+            return variant(state, batch, carry)
+        variant = self._variant(key, owners, length)
+        if len(self.lengths) > 1:  # taken before the call, which donates the state
+            abstract = _abstract(state), _abstract(carry)
+        started = time.perf_counter()
+        result = variant(state, batch, carry)
+        compile_log.info("Compiled the step for runs of %d step%s with %d fetched value%s in %.2f s.", length,
+                    "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
+        if len(self.lengths) > 1:
+            self._compile_ahead(key, owners, abstract, batch, length)
+            if key:
+                self._compile_ahead((), {}, abstract, batch if unfed is None else unfed, length)
+        return result
+
+    def _variant(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object],
+                 length: int) -> Callable[..., Any]:
+        variant = self._variants[key, length] = self._build(key, dict(owners), length)
+        if len(self._variants) > VARIANT_WARNING and len({k for k, _ in self._variants}) == VARIANT_WARNING + 1:
+            logger.warning(
+                "The step is now compiled for %d distinct fetch sets. A hook probably "
+                "fetches a new callable each run (e.g. a lambda made in before_run): "
+                "create the callable once and pass the same object every run.",
+                len({k for k, _ in self._variants}),
+            )
+        return variant
+
+    def _compile_ahead(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object], abstract: tuple,
+                       batch: Any, length: int) -> None:
+        """Compiles `key` for every run length it has no program for yet, in the background."""
+        todo = [n for n in self.lengths if (key, n) not in self._variants]
+        if not todo:
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, min(len(self.lengths), (os.cpu_count() or 2) - 1)),
+                thread_name_prefix="jaxmon-compile")
+        state, carry = abstract
+        one, listed = _one_step_batch(batch, length)
+        started = time.perf_counter()
+        for n in todo:
+            variant = self._variant(key, owners, n)
+            run_batch = one if n == 1 else [one] * n if listed else jax.tree.map(
+                lambda s, n=n: jax.ShapeDtypeStruct((n, *s.shape), s.dtype), one)
+            self._ahead[key, n] = self._pool.submit(_compile, variant, (state, run_batch, carry), n, todo, started)
+
+    def wait_ahead(self) -> None:
+        """Waits for every compilation running ahead."""
+        for future in list(self._ahead.values()):
+            if not future.cancelled():  # by close()
+                future.result()
+
+    def close(self) -> None:
+        """Drops the compilations ahead not started yet."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
         monitors = self.monitors
@@ -107,7 +176,7 @@ class CompiledStep:
                 (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
-            self.trace_count += 1  # a trace that raised compiles nothing
+            self._traces.append(length)  # a trace that raised compiles nothing
             if carry is None:
                 return new_state, outputs, fetched
             return new_state, outputs, fetched, carry
@@ -127,6 +196,40 @@ class CompiledStep:
 
             evaluator = self._evaluators[key] = jax.jit(evaluator)
         return evaluator(state, batch, outputs)
+
+
+def _abstract(tree: Any) -> Any:
+    """`tree`'s leaves as `jax.ShapeDtypeStruct`s that lower to the program a call with
+    them compiles (a committed array's sharding; weak types kept)."""
+    def leaf(x):
+        aval = jax.typeof(x)
+        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
+    return jax.tree.map(leaf, tree)
+
+
+def _one_step_batch(batch: Any, length: int) -> tuple[Any, bool]:
+    """The abstract batch of one step of a run of `length` steps given `batch`, and
+    whether a run of several takes it as a list (batches on the device, see `as_run`)."""
+    if length == 1:
+        return _abstract(batch), all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
+    if isinstance(batch, list):
+        return _abstract(batch[0]), True
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), _abstract(batch)), False
+
+
+def _compile(variant: Any, args: tuple, length: int, todo: list[int], started: float) -> None:
+    """Compiles `variant` for `args` ahead of its first call (which then finds it in
+    JAX's caches). A failure is left for that call to raise, where it belongs."""
+    try:
+        variant.lower(*args).compile()
+    except Exception as error:  # noqa: BLE001 - the run that needs this program compiles it itself
+        compile_log.debug("Compiling the step ahead for runs of %d steps failed: %r", length, error)
+        return
+    if length == todo[-1]:
+        compile_log.info("Compiled the step ahead for runs of %s steps in %.2f s.", ", ".join(map(str, todo)),
+                    time.perf_counter() - started)
 
 
 def _evaluate(spec: Callable[..., Any], owner: object, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:

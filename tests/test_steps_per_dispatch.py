@@ -30,9 +30,13 @@ class RunLengths(jm.Hook):
 
     def __init__(self):
         self.runs = []
+        self.compiled = None  # the session's compile_count at its end
 
     def after_run(self, ctx, values):
         self.runs.append((ctx.step, ctx.steps, values.step, dict(values.outputs)))
+
+    def end(self, session):
+        self.compiled = session.compile_count
 
     @property
     def lengths(self):
@@ -169,7 +173,7 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
     assert lengths.lengths == [32, 32, 32, 4]  # 100 = 3 * 32 + 4: the last run is cut to end at 100
     assert int(sess.state["n"]) == N
     assert_bit_identical(sess.state, reference_run)
-    assert sess.compile_count == 2  # lengths 32 and 4
+    assert lengths.compiled == 6  # one fetch set, every run length ahead: 32, 16, 8, 4, 2, 1
     loss = float(mlp_loss(sess.state["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     first = float(mlp_loss(mlp_init()["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     assert loss < first  # it trained
@@ -277,9 +281,8 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_pa
     ]
     sess, lengths = train(hooks, last_step=1000, k=32, data=ones(1000))
     assert sess.step == 1000 and float(sess.state) == 1000.0
-    print(f"compile_count={sess.compile_count}, runs={len(lengths.runs)}, lengths={sorted(set(lengths.lengths))}")
-    assert sess.compile_count <= int(math.log2(32)) + 1
-    assert sess.compile_count == len(set(lengths.lengths))  # one fetch set: one program per run length
+    print(f"compile_count={lengths.compiled}, runs={len(lengths.runs)}, lengths={sorted(set(lengths.lengths))}")
+    assert lengths.compiled == int(math.log2(32)) + 1  # one fetch set: one program per run length, all ahead
     # 1000 / 32 = 31.25 runs at best; the runs cut for the triggers every 100 steps add about one per 100
     assert math.ceil(1000 / 32) <= len(lengths.runs) <= 1000 / 32 + 1000 / 100 + 2
     assert sum(lengths.lengths) == 1000
@@ -292,9 +295,63 @@ def test_batches_already_on_the_device_are_stacked_inside_the_step_with_the_same
     data = [jax.device_put(batch) for batch in ones(200)]
     sess, lengths = train([recorder], last_step=37, k=32, data=data)
     assert lengths.lengths == [32, 4, 1] and float(sess.state) == 37.0
-    assert sess.compile_count == 3  # one program per run length, as with host batches
+    assert lengths.compiled == 6  # one program per run length, as with host batches
     assert len(recorder.contexts[0].original_args.feeds) == 32  # hooks see the list
     assert float(sess.fetch({"next": lambda state, batch, outputs: batch["x"] + state})["next"]) == 38.0  # last batch
+
+
+class EveryFifteen(jm.Hook):
+    """Fetches a callable at steps 1, 16, 31, ... and sleeps between: with 8 steps per
+    run, its triggers cut the runs into 8, 4, 2 and 1 steps."""
+
+    idle_between_triggers = True
+
+    def __init__(self):
+        self.fetched = []
+
+    def steps_to_next_trigger(self, step):
+        return (1 - step) % 15 or 15
+
+    def _idle_steps(self, step):
+        return self.steps_to_next_trigger(step)
+
+    def before_run(self, ctx):
+        if (ctx.step + ctx.steps) % 15 == 1:
+            return jm.RunArgs(fetches={"double": double_state})
+
+    def after_run(self, ctx, values):
+        if values.results is not None:
+            self.fetched.append((values.step, float(values.results["double"])))
+
+
+def double_state(state, batch, outputs):
+    return 2 * state
+
+
+class CompileCounts(jm.Hook):
+    """The session's compile_count after every run (reading it waits for compilations ahead)."""
+
+    def __init__(self):
+        self.counts = []
+
+    def after_run(self, ctx, values):
+        self.counts.append(ctx.session.compile_count)
+
+
+def test_runs_of_8_4_2_and_1_steps_compile_nothing_after_the_first_run(caplog):
+    counts = CompileCounts()
+    with caplog.at_level("INFO", logger="jaxmon"):
+        sess, lengths = train([EveryFifteen(), counts], last_step=61, k=8, init_fn=None, state=jnp.float32(0))
+    assert sess.step == 61 and float(sess.state) == 61.0
+    assert set(lengths.lengths) == {8, 4, 2, 1}  # 1, then 8 + 4 + 2 + 1 to each trigger
+    assert lengths.ends[:6] == [1, 9, 13, 15, 16, 24]
+    assert counts.counts == [counts.counts[0]] * len(lengths.runs)  # nothing compiled after the first run
+    assert counts.counts[0] == 8  # two fetch sets (with and without the callable) x four run lengths
+    fetched = next(hook for hook in sess.hooks if isinstance(hook, EveryFifteen)).fetched
+    assert fetched == [(1, 2.0), (16, 32.0), (31, 62.0), (46, 92.0), (61, 122.0)]
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiled the step")]
+    assert logged[0].startswith("Compiled the step for runs of 1 step with 1 fetched value in ")
+    assert any(line.startswith("Compiled the step ahead for runs of ") for line in logged), logged
 
 
 def test_batches_of_one_run_that_cannot_be_stacked_say_so():
