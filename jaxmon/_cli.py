@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
     train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
     train.add_argument("--quiet", action="store_true", help="log warnings only")
+    cache = train.add_mutually_exclusive_group()
+    cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
+                       help="keep compiled programs here, so that a restart does not compile them again "
+                            "(default: DIR/compilation_cache, or JAX_COMPILATION_CACHE_DIR if set)")
+    cache.add_argument("--no_compilation_cache", action="store_true", help="compile everything at every start")
     inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
                                   description="List a run's checkpoints (step, size, time), its latest "
                                               "metrics and the config it was trained with.")
@@ -117,7 +122,9 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
         log.addHandler(handler)
         log.propagate = False  # libraries may have configured the root logger too
     log.setLevel(logging.WARNING if args.quiet else logging.INFO)
-    result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True))
+    cache = False if args.no_compilation_cache else args.compilation_cache or True
+    result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
+                              compilation_cache=cache)
     return result.get("exit_code", 0)
 
 

@@ -24,7 +24,8 @@ __all__ = ["SAME_RUN", "TOP_LEVEL", "train_experiment"]
 
 
 def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
-                     report: Callable[[str], None] = print) -> dict[str, Any]:
+                     report: Callable[[str], None] = print, *,
+                     compilation_cache: bool | str | os.PathLike = True) -> dict[str, Any]:
     """Trains the experiment `config` describes, in `workdir` (checkpoints, TensorBoard
     event files, `metrics.jsonl`), resuming from the latest checkpoint there.
 
@@ -54,11 +55,33 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
       workdir: the run's directory.
       report: where the lines for the person running it go (the resume notice, the
         final result).
+      compilation_cache: keep the compiled programs in JAX's persistent compilation
+        cache, so that a restarted run does not compile them again: True (in
+        `workdir/compilation_cache`), a directory (one several runs can share), or
+        False. A cache directory already configured for JAX
+        (`JAX_COMPILATION_CACHE_DIR`) is used as it is.
 
     Returns:
       The final evaluation on the eval split: `{"step": ..., "loss": ..., <metrics>}`.
     """
+    if compilation_cache is not False:
+        use_compilation_cache(os.path.join(workdir, "compilation_cache") if compilation_cache is True
+                              else compilation_cache)
     return _run(_build(config, workdir, report), report)
+
+
+def use_compilation_cache(directory: str | os.PathLike) -> str:
+    """Turns JAX's persistent compilation cache on in `directory` for every program,
+    however quickly it compiled (JAX's default keeps only those over a second); returns
+    the directory in use, which is one configured before if there was one."""
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return current
+    directory = os.path.abspath(os.fspath(directory))
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return directory
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from jaxmon import _checkpoint, _errors, _sharding
 from jaxmon._batches import BatchSource
@@ -95,11 +96,12 @@ class StateKeeper:
         restored = self._restore(recovering)
         self.rejected, self._batches.rewound = None, False
         if restored is not None:
-            return self._resume(restored, recovering), restored.step
-        state = self._init_fn()
-        if self._warm_start is not None:
-            state, self.warm_start_report = _checkpoint.warm_start(state, self._warm_start)
-        return state, self._initial_step
+            state, step = self._resume(restored, recovering), restored.step
+        else:
+            state, step = self._init_fn(), self._initial_step
+            if self._warm_start is not None:
+                state, self.warm_start_report = _checkpoint.warm_start(state, self._warm_start)
+        return (state if self._placement is not None else committed(state)), step
 
     def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
         if self.checkpoint_dir is None or not _checkpoint.complete_steps(self.checkpoint_dir):
@@ -170,6 +172,27 @@ class StateKeeper:
             "config": self._config,
         }
         return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
+
+
+def committed(state: Any) -> Any:
+    """`state` with every leaf a strongly typed array committed to one device, as the
+    leaves of a restored state are: a fresh and a restored state then run the same
+    compiled program (found in the persistent compilation cache at a restart) and
+    promote dtypes alike. Committing an array on its own device copies nothing. A state
+    with leaves placed on several devices by hand is left as it is."""
+    leaves = jax.tree.leaves(state)
+    devices = {d for x in leaves if isinstance(x, jax.Array) and x.committed for d in x.sharding.device_set}
+    if len(devices) > 1:
+        return state
+    device = devices.pop() if devices else jax.devices()[0]
+
+    def leaf(x: Any) -> Any:
+        weak = jax.typeof(x).weak_type
+        if isinstance(x, jax.Array) and x.committed and not weak:
+            return x
+        return jax.device_put(np.asarray(x) if weak or not isinstance(x, jax.Array) else x, device)
+
+    return jax.tree.map(leaf, state)
 
 
 def _restore_target(init_fn: Callable[[], Any]) -> Any:

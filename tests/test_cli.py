@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -20,8 +21,8 @@ DEFAULT = str(ROOT / "configs" / "default.py")
 RESULT = re.compile(r"step (\d+): test accuracy ([\d.]+), loss ([\d.]+)  \((.+)\)")
 
 
-def jaxmon(*args, timeout=240):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def jaxmon(*args, timeout=240, **env):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
     return subprocess.run([sys.executable, "-m", "jaxmon", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
@@ -104,6 +105,23 @@ def test_overrides_continue_the_run_with_new_settings(run, tmp_path):
         1550, 1600]
     config = jm.restore_checkpoint(longer).meta["config"]
     assert config["steps"] == 1600 and config["session"]["save_checkpoint_steps"] == 50
+
+
+def test_a_restart_finds_the_step_compiled_in_the_workdirs_compilation_cache(tmp_path):
+    workdir = tmp_path / "run"
+
+    def train(steps, *flags):
+        result = jaxmon("train", "--config", DEFAULT, "--workdir", workdir, f"--config.steps={steps}", *flags,
+                        "--config.hooks.1.every_n_steps=10", JAX_DEBUG_LOG_MODULES="jax._src.compiler")
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert jm.latest_checkpoint_step(workdir) == steps
+        assert re.search(r"Compiled the step for runs of 1 step with 0 fetched values in [\d.]+ s\.", result.stderr)
+        return re.findall(r"(cache hit|CACHE MISS) for 'jit_variant'", result.stderr)  # JAX's debug log
+
+    assert train(10) == ["CACHE MISS"]  # fresh: compiled, and kept in WORKDIR/compilation_cache
+    assert any(path.name.startswith("jit_variant-") for path in (workdir / "compilation_cache").iterdir())
+    assert train(20) == ["cache hit"]  # the restored state runs the program the fresh one compiled
+    assert "cache hit" not in "".join(train(30, "--no_compilation_cache"))  # compiled again
 
 
 def test_an_unknown_override_exits_non_zero_naming_the_key(tmp_path):
@@ -197,7 +215,7 @@ def test_help_explains_each_command(args, words):
 
 
 def test_the_console_script_is_installed():
-    script = pathlib.Path(sys.executable).parent / "jaxmon"
+    script = pathlib.Path(sysconfig.get_path("scripts")) / "jaxmon"  # the venv's bin/, or /usr/local/bin
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "usage: jaxmon" in result.stdout
 
