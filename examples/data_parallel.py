@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import AxisType
 
 import jaxmon as jm
 
@@ -86,7 +87,10 @@ def main() -> None:
         (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         return state.apply_gradients(grads=grads), {"loss": loss, "accuracy": accuracy}
 
-    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    # Auto axes: XLA chooses the sharding of every value the step computes, as it did before
+    # JAX 0.10 made Explicit axes jax.make_mesh's default (their stricter rules refuse, on JAX
+    # 0.11, the gather in this step's cross-entropy). The batch is split over "data" either way.
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
     with jm.MonitoredTrainingSession(step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=workdir,
                                      hooks=[jm.StopAtStepHook(last_step=args.steps), jm.NanHook("loss")],
                                      save_checkpoint_steps=200, save_summaries_steps=50,

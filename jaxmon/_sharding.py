@@ -15,6 +15,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 CPU_DISPATCH_AHEAD = 16
 
 
+def explicit_axes_note(mesh: Mesh) -> str | None:
+    """What to do about JAX refusing a sharding in the step, on a mesh with Explicit axes
+    (`jax.make_mesh`'s default since JAX 0.10), or None on a mesh without them."""
+    explicit = [name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+                if kind == jax.sharding.AxisType.Explicit]
+    if not explicit:
+        return None
+    return (f"(jaxmon) The session's mesh has Explicit axes {explicit} (jax.make_mesh's default): JAX then "
+            "checks the sharding of every value the step computes, and refuses the operation above. Either "
+            "build the mesh with Auto axes, to let XLA choose shardings as before: "
+            f"jax.make_mesh({tuple(mesh.axis_sizes)}, {tuple(mesh.axis_names)}, "
+            f"axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axis_names)}); or say in the step what the "
+            "result's sharding is (out_sharding= of the operation, jax.sharding.reshard), or compute that "
+            "part with jax.sharding.auto_axes.")
+
+
 def _is_spec(x: Any) -> bool:
     return x is None or isinstance(x, (PartitionSpec, NamedSharding))
 

@@ -9,7 +9,8 @@ and `=1`)::
 
     import jaxmon as jm
     jm.distributed.initialize("127.0.0.1:12345", num_processes=2)   # or from the environment
-    mesh = jax.make_mesh((jax.device_count(),), ("data",))         # every process's devices
+    mesh = jax.make_mesh((jax.device_count(),), ("data",),         # every process's devices
+                         axis_types=(jax.sharding.AxisType.Auto,))
     with jm.MonitoredTrainingSession(step_fn, init_fn, data=local_batches, mesh=mesh,
                                      checkpoint_dir="runs/dp") as sess:
         while not sess.should_stop():
