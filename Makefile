@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test train lint bench bench-peers clean
+.PHONY: install test test-gpu train lint bench bench-peers clean
 
 install: $(STAMP)
 
@@ -17,6 +17,14 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The suite on a GPU machine whose python3 has jax (CUDA), flax, optax, orbax, pytest,
+# tensorboard and pyyaml but no network (no .venv there), on JAX's default platforms: the
+# GPU, with the CPU beside it. Carry the rest as wheels, filled here with
+# `.venv/bin/pip download --no-deps -d .wheels tensorboardX` (add pytest, tensorboard,
+# setuptools>=77, ... for an image that lacks them). See benchmarks/gpu.sh.
+test-gpu:
+	bash benchmarks/gpu.sh --test
 
 train: $(STAMP)
 	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default

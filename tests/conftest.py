@@ -1,9 +1,36 @@
-"""Strict JAX settings for the whole suite."""
+"""Strict JAX settings for the whole suite.
+
+The platform: the CPU unless JAX_PLATFORMS is set, which is honoured (the empty string:
+JAX's default platforms, e.g. a GPU with the CPU beside it, as `make test-gpu` runs).
+Float32 matmuls at float32 precision, here and in the child processes (which inherit
+the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow 1e-5.
+"""
 
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_default_matmul_precision", "float32")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_cpu: skipped where this process has no CPU device "
+                            "(JAX_PLATFORMS=cuda, say), e.g. for jax.debug.callback's host side")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_cpu") and not has_cpu_device():
+        pytest.skip(f"needs a CPU device: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} leaves none "
+                    "(unset, empty or naming cpu gives one)")
+
+
+def has_cpu_device() -> bool:
+    try:
+        return bool(jax.devices("cpu"))
+    except RuntimeError:  # "Unknown backend: 'cpu' requested, but no platforms ..."
+        return False

@@ -1,7 +1,11 @@
-"""Small shared pieces for the tests: a recording hook and tiny step functions."""
+"""Small shared pieces for the tests: a recording hook, tiny step functions and the
+environment of child JAX processes."""
 
 from __future__ import annotations
 
+import os
+
+import jax
 import jax.numpy as jnp
 
 import jaxmon as jm
@@ -109,3 +113,34 @@ class RecordingWriter:
 
     def steps(self, tag="global_step/sec"):
         return [step for step, scalars in self.scalars if tag in scalars]
+
+
+# -- the platform: child processes on the CPU, workloads sized per backend ------------------------
+
+
+def cpu_env(devices: int | None = None) -> dict[str, str]:
+    """The environment of a child JAX process on the CPU, whatever this process runs on.
+
+    `JAX_PLATFORMS=cpu` whatever this process's JAX_PLATFORMS says: simulated devices
+    (`XLA_FLAGS=--xla_force_host_platform_device_count`) exist on the CPU platform alone,
+    and processes on 127.0.0.1 share no accelerator. `devices` simulated CPU devices, or
+    (None) this process's XLA_FLAGS dropped: one device. Output unbuffered, for tests that
+    read it line by line. The rest (JAX_DEFAULT_MATMUL_PRECISION, set by conftest.py) is
+    inherited.
+    """
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+        raise ValueError(f"cpu_env(devices={devices!r}): give a number of simulated CPU devices >= 1, "
+                         "or None for one device")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
+    if devices is not None:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def slow_matmuls() -> tuple[int, int]:
+    """(size, count): `count` products of (size, size) float32 matrices take tens of
+    milliseconds on the default backend, so a step of them executes slower than a few
+    runs dispatch (384 and 30 on a CPU: about 3 GFLOP; 4096 and 8 elsewhere: about 1.1
+    TFLOP, some 30 ms on an H100 at float32 precision)."""
+    return (384, 30) if jax.default_backend() == "cpu" else (4096, 8)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, count_step, zero
+from helpers import FakeClock, count_step, cpu_env, zero
 
 import jaxmon as jm
 
@@ -466,7 +466,6 @@ def test_a_second_writer_in_this_process_is_refused_until_the_first_closes(tmp_p
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    os.environ["JAX_PLATFORMS"] = "cpu"
     import jax.numpy as jnp
     import jaxmon as jm
     sess = jm.MonitoredSession(lambda s, b: (s + 1, {}), lambda: jnp.zeros(()),
@@ -480,7 +479,7 @@ def test_a_directory_held_by_another_process_is_refused(tmp_path):
     directory = tmp_path / "ckpt"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    child = subprocess.Popen([sys.executable, str(script), str(directory)], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, str(script), str(directory)], env=cpu_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import cpu_env
 
 import jaxmon as jm
 
@@ -140,7 +141,7 @@ def scripts(text: str) -> list[tuple[str, str, str]]:
 
 def run_script(code: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path}
+    env = {**cpu_env(), "PYTHONPATH": path}
     result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

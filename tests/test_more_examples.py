@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+from helpers import cpu_env
 
 import jaxmon as jm
 
@@ -121,9 +122,8 @@ def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
 
 
 def test_data_parallel_example_on_eight_simulated_devices(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--steps", "60",
                              "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                            env=env)
+                            env=cpu_env(devices=8))
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"process 0/1, 8 devices: step 60, test accuracy 0\.[89]", result.stdout), result.stdout

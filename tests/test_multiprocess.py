@@ -17,7 +17,6 @@ the artefacts (checkpoints, event files, metrics.jsonl) back.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cpu_env
 
 import jaxmon as jm
 
@@ -190,15 +190,13 @@ class Workers:
         script.write_text(WORKER)
         self.workdir = tmp_path / "runs"
         address = f"127.0.0.1:{free_port()}"
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-        env.pop("XLA_FLAGS", None)  # one CPU device a process
         self.lines: list[list[str]] = [[], []]
         self.times: list[list[float]] = [[], []]  # when each line was read
         self.eof_time: list[float | None] = [None, None]  # when the output ended (the process exited)
         self.processes = [
             subprocess.Popen([sys.executable, str(script), str(i), address, str(self.workdir), ",".join(scenarios),
                               *extra_args],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for i in range(2)]
         self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(2)]
         for reader in self.readers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -11,6 +10,7 @@ import textwrap
 import time
 
 import numpy as np
+from helpers import cpu_env
 
 import jaxmon as jm
 
@@ -52,9 +52,7 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     address, directory = f"127.0.0.1:{free_port()}", str(tmp_path / "ckpt")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    workers = [subprocess.Popen([sys.executable, str(script), str(i), address, directory], env=env,
+    workers = [subprocess.Popen([sys.executable, str(script), str(i), address, directory], env=cpu_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
     try:
         deadline = time.monotonic() + 120

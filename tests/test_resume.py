@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, count_step, zero
+from helpers import RecordingHook, count_step, cpu_env, zero
 
 import jaxmon as jm
 from jaxmon._checkpoint import complete_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "tests", "trainer.py")
-CHILD_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+CHILD_ENV = cpu_env()
 
 
 # -- subprocess helpers ------------------------------------------------------------------
@@ -487,8 +487,7 @@ SHARDING_SCRIPT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def sharding_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
-    env = {**CHILD_ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    proc = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT, str(root)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT, str(root)], cwd=ROOT, env=cpu_env(devices=8),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]

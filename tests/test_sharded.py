@@ -25,16 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import cpu_env
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxmon as jm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHILD_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-             "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+CHILD_ENV = cpu_env(devices=8)  # the references of this process may be on a GPU
 TOTAL, SAVED_AT, DISPATCH_STEPS = 30, 20, 220
-RTOL, ATOL = 1e-5, 1e-6
+RTOL, ATOL = 1e-5, 1e-6  # matmuls at float32 precision in both processes (conftest.py, child_main)
 
 # -- the model, shared by this process (1 device) and the child (8 devices) -----------------
 
@@ -190,6 +190,7 @@ def describe_shardings(state):
 
 def child_main(root):
     assert jax.device_count() == 8, jax.devices()
+    jax.config.update("jax_default_matmul_precision", "float32")  # as conftest.py sets for the references
     mesh8 = jax.make_mesh((8,), ("data",))
     auto8 = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     mesh4 = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, count_step, zero
+from helpers import RecordingHook, count_step, slow_matmuls, zero
 
 import jaxmon as jm
 
@@ -59,13 +59,16 @@ def test_a_new_callable_every_run_warns(caplog):
     assert "same object every run" in caplog.text
 
 
+SIZE, COUNT = slow_matmuls()  # by backend: a step slower than dispatching five runs
+
+
 def slow_step(state, batch):
-    x = jax.lax.fori_loop(0, 30, lambda i, x: jnp.tanh(x @ x), state)
+    x = jax.lax.fori_loop(0, COUNT, lambda i, x: jnp.tanh(x @ x), state)
     return x, {"loss": x[0, 0]}
 
 
 def test_runs_without_fetches_never_wait_for_the_device():
-    sess = jm.MonitoredSession(slow_step, lambda: jnp.eye(384) * 0.5)
+    sess = jm.MonitoredSession(slow_step, lambda: jnp.eye(SIZE) * 0.5)
     sess.run(fetches=["loss"])  # compile both variants before timing
     sess.run()
     one_step = []

@@ -174,6 +174,7 @@ def counted(state, batch, outputs):
     return state * 3
 
 
+@pytest.mark.needs_cpu  # jax.debug.callback: its host side
 def test_an_extra_summary_is_computed_only_on_the_steps_it_is_written(tmp_path):  # L2: counter reads 1, 2, 3, 4
     EVALUATIONS.clear()
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted})
