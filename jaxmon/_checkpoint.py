@@ -194,12 +194,15 @@ class Checkpoints:
             create=writer,
             save_root_metadata=writer,
         )
-        # The state's arrays are copied to host memory for real before save() returns
-        # (on CPU Orbax would otherwise keep views of them, and the next step could not
-        # reuse the donated buffers), and written uncompressed: zstd on float state
-        # saves little space and costs most of the background CPU time that training
-        # loses (benchmarks/checkpoint_save.py).
-        handlers = {"state": ocp.PyTreeCheckpointHandler(enable_pinned_host_transfer=True, use_compression=False),
+        # On CPU, the state's arrays are copied to host memory for real before save()
+        # returns: Orbax would otherwise keep views of them, and the next step could not
+        # reuse the donated buffers. On an accelerator its own copy to the host is real
+        # already (one copy; the pinned route adds a second, from pinned memory to
+        # NumPy). Written uncompressed: zstd on float state saves little space and
+        # costs most of the background CPU time that training loses
+        # (benchmarks/checkpoint_save.py).
+        pinned = jax.default_backend() == "cpu"
+        handlers = {"state": ocp.PyTreeCheckpointHandler(enable_pinned_host_transfer=pinned, use_compression=False),
                     "meta": ocp.JsonCheckpointHandler()}
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
