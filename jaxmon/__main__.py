@@ -1,7 +1,5 @@
 """`python -m jaxmon`: the `jaxmon` command."""
 
-import sys
+from jaxmon._cli import run
 
-from jaxmon._cli import main
-
-sys.exit(main())
+run()

@@ -10,12 +10,15 @@ SIGKILL is never listed, never loaded.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import importlib.metadata
+import io
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -210,13 +213,14 @@ class Checkpoints:
             self._unlock()
             raise
         self._failure: BaseException | None = None
+        self._saving: int | None = None  # the step of the latest save started
 
     # -- writing -----------------------------------------------------------------------
 
     def save(self, step: int, state: Any, meta: Mapping[str, Any], best: float | None = None) -> None:
         """Starts saving `state` and `meta` as `step`; returns once the state's arrays
         are copied off the device (the rest is written in the background when async)."""
-        self.raise_failure()
+        self.wait()  # Orbax's save waits for the save before it too: here its failure names its own step
         existing = os.path.join(self.directory, str(step))
         # A step left by an earlier run that went on past where this one resumed.
         if os.path.isdir(existing) and jax.process_index() == 0:
@@ -227,16 +231,22 @@ class Checkpoints:
             self._manager.reload()
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
         metrics = None if best is None else {"best": float(best)}
+        self._saving = step
         try:
             self._manager.save(step, args=args, metrics=metrics, force=True)
-        except BaseException as error:
-            self._failure = error
-            raise
+        except Exception as error:
+            self._failure = self._save_error(error)
+            raise self._failure from error
 
     def wait(self, timeout: float | None = None) -> None:
         """Waits for the save in flight (at most `timeout` seconds) and raises its error."""
         if timeout is None:
-            self._manager.wait_until_finished()
+            try:
+                with _quiet_stderr(self.directory):  # what Orbax's threads print when a save fails
+                    self._manager.wait_until_finished()
+            except Exception as error:
+                self._failure = self._save_error(error)
+                raise self._failure from error
         else:
             done = threading.Event()
             errors: list[BaseException] = []
@@ -255,19 +265,35 @@ class Checkpoints:
                     f"The checkpoint save in flight in {self.directory} did not finish within {timeout:g}s "
                     "(stop_grace_period_secs); it may be lost. Raise stop_grace_period_secs, or check the disk.")
             if errors:
-                raise errors[0]
+                self._failure = self._save_error(errors[0])
+                raise self._failure from errors[0]
         self.raise_failure()
 
     def raise_failure(self) -> None:
         """Raises the error of an earlier save that failed in the background."""
         if self._failure is not None:
-            raise RuntimeError(f"An earlier checkpoint save in {self.directory} failed: {self._failure!r}") \
-                from self._failure
+            raise self._failure
         try:
             self._manager.check_for_errors()
-        except BaseException as error:
-            self._failure = error
-            raise
+        except Exception as error:
+            self._failure = self._save_error(error)
+            raise self._failure from error
+
+    def _save_error(self, error: BaseException) -> SaveError:
+        """One error that says which save failed, where, and the OS's reason (Orbax's as its cause)."""
+        if isinstance(error, SaveError):
+            return error
+        if not isinstance(error, Exception):  # only wait()'s wrapper thread hands over any BaseException
+            error = RuntimeError(repr(error))
+        code = re.search(r"os_error_code='(\d+)'", str(error))
+        errno = getattr(error, "errno", None) or (int(code[1]) if code else None)
+        reason = f"[Errno {errno}] {os.strerror(errno)}" if errno else f"{type(error).__name__}: {error}"
+        kept = [step for step in complete_steps(self.directory) if step != self._saving]
+        failure = SaveError(f"Saving checkpoint {self._saving} to {self.directory} failed: {reason}. The complete "
+                            f"checkpoints are kept ({'the newest: ' + str(kept[-1]) if kept else 'none yet'}); "
+                            "fix the cause (free space, permissions) and run again to resume from the newest.")
+        failure.errno = errno
+        return failure
 
     def close(self, timeout: float | None = None) -> None:
         """Finishes pending saves (at most `timeout` seconds), then releases the lock.
@@ -275,7 +301,7 @@ class Checkpoints:
         A save still running after `timeout` keeps the lock until it ends (in the
         background), so no other writer can start on the directory under it."""
         try:
-            if self.writer:
+            if self.writer and self._failure is None:  # a failed save was raised already
                 self.wait(timeout)
         except TimeoutError:
             threading.Thread(target=self._close_now, name="jaxmon-checkpoint-close", daemon=True).start()
@@ -287,7 +313,14 @@ class Checkpoints:
 
     def _close_now(self) -> None:
         try:
-            self._manager.close()  # waits for a save in flight
+            if self._failure is None:
+                self._manager.close()  # waits for a save in flight
+            else:  # raised already: what Orbax's stopped threads print and raise now is noise
+                with _quiet_stderr(self.directory):
+                    try:
+                        self._manager.close()
+                    except Exception as error:
+                        logger.debug("Closing %s after the failed save: %r", self.directory, error)
         finally:
             self._unlock()
 
@@ -350,6 +383,25 @@ class Checkpoints:
         return None
 
 
+@contextlib.contextmanager
+def _quiet_stderr(directory: str):
+    """Keeps what other threads print meanwhile (Orbax's, after a failed save: "Event
+    loop is closed" tracebacks) off the terminal, in jaxmon's debug log."""
+    with contextlib.redirect_stderr(io.StringIO()) as printed:
+        yield
+    if printed.getvalue():
+        logger.debug("Printed while saving to %s:\n%s", directory, printed.getvalue())
+
+
+class SaveError(OSError):
+    """A checkpoint save failed: the step, the directory and the OS error (`errno`, when
+    there is one; Orbax's error is the cause)."""
+
+
+class DirectoryInUseError(RuntimeError):
+    """Another run holds the writer's lock of a checkpoint directory."""
+
+
 def _lock(directory: str) -> int:
     path = os.path.join(directory, _LOCK_NAME)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -360,7 +412,7 @@ def _lock(directory: str) -> int:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another writer"
         finally:
             os.close(fd)
-        raise RuntimeError(
+        raise DirectoryInUseError(
             f"Checkpoint directory {directory} is being written by {holder}. Two runs must not write "
             "one checkpoint_dir: stop the other run, or give this one its own checkpoint_dir.") from None
     os.ftruncate(fd, 0)

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,9 +40,12 @@ configs/default.py shows and explains each. Override any value with --config.KEY
 setting off); the value must have the type of the value it replaces, and an unknown
 key is an error listing the keys that exist there.
 
-Exit codes: 0 trained (or already at the last step), 2 a bad config, 143 stopped by
-SIGTERM (checkpoint saved: run the same command to resume), 1 stopped early by a
-non-finite loss or an error.
+Exit codes: 0 trained (or already at the last step); 2 something given wrong (the
+config's syntax, a key, a type or a value, a --workdir that is a file, unwritable or in
+use by another run); 1 training failed (a non-finite loss, a failed save, a hook's
+error); 130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
+the step it stopped on (run the same command to resume). A failure ends with one line
+saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it).
 """
 
 
@@ -56,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
     train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
     train.add_argument("--quiet", action="store_true", help="log warnings only")
+    train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
     cache = train.add_mutually_exclusive_group()
     cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
                        help="keep compiled programs here, so that a restart does not compile them again "
@@ -75,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot.add_argument("--out", metavar="PNG",
                       help="the image to write (default DIR/metrics.png, or ./metrics.png for several runs)")
     plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
+    for command in (inspect, plot):
+        command.add_argument("--debug", action="store_true", help="print a failure's traceback")
 
     overrides, rest = _split_overrides(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(rest)
@@ -89,11 +96,67 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         return _plot(args)
     except ConfigError as error:
-        print(f"jaxmon {args.command}: {error}", file=sys.stderr)
-        return 2
+        return _fail(args, 2, str(error), error)
     except BrokenPipeError:  # `jaxmon inspect DIR | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as error:
+        return _fail(args, 130, _interrupted(args, error), error)
+    except Exception as error:
+        return _fail(args, 1, _one_line(error), error)
+
+
+def _fail(args: argparse.Namespace, code: int, message: str, error: BaseException) -> int:
+    """Ends a failed command: its traceback into the run's jaxmon-error.log (printed
+    too with --debug), then one line on stderr; returns the exit code."""
+    import traceback
+
+    sys.stdout.flush()
+    text = "".join(traceback.format_exception(error))
+    if args.debug:
+        print(text, file=sys.stderr, end="")
+    workdir = getattr(args, "workdir", None)
+    if code == 1 and isinstance(workdir, str) and os.path.isdir(workdir):
+        log = os.path.join(workdir, "jaxmon-error.log")
+        try:
+            with open(log, "a", encoding="utf-8") as file:
+                file.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} exit {code}\n{text}\n")
+            if not args.debug:
+                print(f"jaxmon {args.command}: the traceback is in {log} (--debug prints it here).", file=sys.stderr)
+        except OSError:  # a full disk, say: the line below still says what failed
+            pass
+    print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _one_line(error: BaseException) -> str:
+    """What failed, in one line: the error's type, message and notes (which hook, which step)."""
+    parts = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())]
+    return " ".join(" ".join(part.split()) for part in parts if part)
+
+
+def _interrupted(args: argparse.Namespace, error: KeyboardInterrupt) -> str:
+    """The line of a Ctrl-C: the session's stop, saved (its message), or a second Ctrl-C."""
+    from jaxmon._checkpoint import complete_steps
+
+    workdir = getattr(args, "workdir", None)
+    steps = complete_steps(workdir) if isinstance(workdir, str) and os.path.isdir(workdir) else []
+    if error.args and steps:  # the session stopped, saved and closed, then re-raised Ctrl-C
+        return f"{error.args[0]}; checkpoint {steps[-1]} is saved: run the same command to resume."
+    stands = f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved"
+    return f"Interrupted (Ctrl-C): the save in progress, if any, was abandoned; {stands}."
+
+
+def run() -> None:
+    """The `jaxmon` program: `main()`, then exit with its code. After a failure the
+    process ends at once: what Orbax's threads would still print while Python shuts
+    down would come after the line that says what failed."""
+    code = main()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -122,19 +185,54 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
         log.addHandler(handler)
         log.propagate = False  # libraries may have configured the root logger too
     log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    if not args.debug:  # tracebacks go to jaxmon-error.log; Orbax's own (absl) logs only with --debug
+        for handler in log.handlers:
+            if isinstance(handler, _ClearLineHandler):
+                handler.show_tracebacks = False
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
+        sys.stderr = _MainThreadOnly(sys.stderr, os.path.join(args.workdir, "jaxmon-error.log"))
     cache = False if args.no_compilation_cache else args.compilation_cache or True
     result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
                               compilation_cache=cache)
     return result.get("exit_code", 0)
 
 
+class _MainThreadOnly:
+    """stderr for what the main thread writes (log lines, the progress bar); what other
+    threads print on their own (Orbax's after a failed save: "Event loop is closed"
+    tracebacks) goes to the file `log` instead."""
+
+    def __init__(self, stream: Any, log: str):
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() is threading.main_thread():
+            return self._stream.write(text)
+        try:
+            with open(self._log, "a", encoding="utf-8") as file:
+                file.write(text)
+        except OSError:
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
 class _ClearLineHandler(logging.StreamHandler):
     """Logs to stderr; on a terminal, first clears the line a progress bar is drawn on
     (the bar redraws itself below)."""
 
+    show_tracebacks = True
+
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(self.stream, "isatty", lambda: False)():
             self.stream.write("\r\x1b[K")
+        if not self.show_tracebacks and record.exc_info:
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         super().emit(record)
 
 

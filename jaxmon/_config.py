@@ -49,9 +49,13 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
         sys.path.append(directory)
     if path.endswith((".yaml", ".yml")):
         with open(path) as file:
-            config = _load_yaml(file)
+            config = _load_yaml(file, path)
     else:
-        namespace = runpy.run_path(path)
+        try:
+            namespace = runpy.run_path(path)
+        except SyntaxError as error:
+            raise ConfigError(f"{error.filename}, line {error.lineno}: {error.msg} (the config file's Python "
+                              "syntax; fix that line).") from error
         if not callable(namespace.get("get_config")):
             raise ConfigError(f"The config file {path} defines no get_config(); "
                               "add `def get_config(): return {...}`.")
@@ -62,9 +66,9 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     return apply_overrides(config, overrides)
 
 
-def _load_yaml(file: Any) -> Any:
+def _load_yaml(file: Any, path: str) -> Any:
     """YAML with YAML 1.2's numbers: PyYAML follows YAML 1.1, where `1e-3` (no dot) is
-    a string; here it is the float a config means."""
+    a string; here it is the float a config means. A syntax error names the line."""
     import re
 
     import yaml
@@ -76,7 +80,15 @@ def _load_yaml(file: Any) -> Any:
         "tag:yaml.org,2002:float",
         re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
         list("-+0123456789"))
-    return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    try:
+        return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        context = getattr(error, "context", None)
+        raise ConfigError(f"{where}: {problem}{f' ({context})' if context else ''}: the config file's YAML "
+                          "syntax; fix it there.") from None
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -128,16 +140,32 @@ def _locate(config: dict, parts: list[str]) -> tuple[Any, Any]:
 
 
 def _unknown(full: str, part: str, here: str, siblings: list[str], config: dict) -> str:
-    prefix = f"{here}." if here else ""
-    close = difflib.get_close_matches(part, [str(s) for s in siblings], n=1, cutoff=0.5)
-    if close:
-        hint = f"Did you mean {prefix + close[0]!r}?"
-    else:
-        everywhere = difflib.get_close_matches(full, list(_paths(config)), n=1, cutoff=0.5)
-        hint = f"Did you mean {everywhere[0]!r}?" if everywhere else ""
     known = ", ".join(sorted(str(s) for s in siblings)) or "none"
-    hint += " " if hint else ""
+    nearest = _nearest_path(full, part, here, [str(s) for s in siblings], set(_paths(config)))
+    hint = f"Did you mean {nearest!r}? " if nearest else ""
     return f"Unknown config key {full!r}: {here or 'the config'} has no key {part!r}. {hint}Its keys: {known}."
+
+
+def _nearest_path(full: str, part: str, here: str, siblings: list[str], paths: set[str]) -> str | None:
+    """The full dotted path `full` most likely meant: the unknown `part` replaced by
+    the nearest of its `siblings` (an abbreviation counts: `lr` for `learning_rate`),
+    with the rest of `full` kept where that path exists; else the nearest path."""
+    prefix = f"{here}." if here else ""
+    rest = full[len(prefix) + len(part):]
+    near = _nearest(part, siblings)
+    if near is not None:
+        return prefix + near + rest if prefix + near + rest in paths else prefix + near
+    close = difflib.get_close_matches(full, sorted(paths), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _nearest(part: str, names: list[str]) -> str | None:
+    for name in names:  # an abbreviation: the initials of its words, or its first letters
+        words = [word for word in name.split("_") if word]
+        if len(part) >= 2 and (part == "".join(word[0] for word in words) or name.startswith(part)):
+            return name
+    close = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
+    return close[0] if close else None
 
 
 def _paths(node: Any, prefix: str = "") -> Iterable[str]:

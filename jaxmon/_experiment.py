@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxmon._checkpoint import DirectoryInUseError
 from jaxmon._config import ConfigError
 from jaxmon._data import ArrayDataSource
 from jaxmon._experiment_config import TOP_LEVEL, check_top_level, get_key, pop_key, resolve
@@ -64,10 +65,34 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
     Returns:
       The final evaluation on the eval split: `{"step": ..., "loss": ..., <metrics>}`.
     """
+    _check_workdir(workdir)
     if compilation_cache is not False:
         use_compilation_cache(os.path.join(workdir, "compilation_cache") if compilation_cache is True
                               else compilation_cache)
-    return _run(_build(config, workdir, report), report)
+    try:
+        experiment = _build(config, workdir, report)
+    except (TypeError, ValueError) as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"A value of the config was refused: {error}") from error
+    return _run(experiment, report)
+
+
+def _check_workdir(workdir: str | os.PathLike) -> None:
+    """Creates `workdir` if needed; a ConfigError if it is a file or cannot be written."""
+    workdir = os.fspath(workdir)
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"The run directory {workdir!r} is a file, not a directory: give --workdir a directory "
+                          "(created if it does not exist).")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".jaxmon-write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; give --workdir "
+                          "a directory this user can write.") from error
 
 
 def use_compilation_cache(directory: str | os.PathLike) -> str:
@@ -211,6 +236,8 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
                                         **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Creating the session from the config failed: {type(error).__name__}: {error}") from error
+    except DirectoryInUseError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _report_resume(session: MonitoredTrainingSession, experiment: _Experiment, report: Callable[[str], None]) -> None:

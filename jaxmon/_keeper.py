@@ -101,6 +101,7 @@ class StateKeeper:
             state, step = self._init_fn(), self._initial_step
             if self._warm_start is not None:
                 state, self.warm_start_report = _checkpoint.warm_start(state, self._warm_start)
+            state = unaliased(state)
         return (state if self._placement is not None else committed(state)), step
 
     def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
@@ -172,6 +173,35 @@ class StateKeeper:
             "config": self._config,
         }
         return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
+
+
+def unaliased(state: Any) -> Any:
+    """`state` with a copy of every leaf that shares its buffer with an earlier leaf
+    (TF's moving-average idiom `extras={"avg": params}`), noticed in one line: the step
+    takes the state's buffers (donation), and XLA refuses to take one twice."""
+    seen: dict[int, str] = {}
+    copied = []
+
+    def leaf(path, x):
+        if not isinstance(x, jax.Array) or x.is_deleted():
+            return x
+        pointers = [shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards]
+        name = f"state{jax.tree_util.keystr(path)}"
+        first = next((seen[p] for p in pointers if p in seen), None)
+        if first is not None:
+            copied.append((name, first))
+            x = x.copy()
+            pointers = [shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards]
+        seen.update(dict.fromkeys(pointers, name))
+        return x
+
+    state = jax.tree_util.tree_map_with_path(leaf, state)
+    if copied:
+        pairs = ", ".join(f"{name} (the buffer of {first})" for name, first in copied)
+        logger.warning("Copied %d state leaves that share a buffer with another: %s. The step takes the state's "
+                       "buffers, and one buffer cannot be taken twice; give each leaf its own array (jnp.copy) "
+                       "to skip this copy.", len(copied), pairs)
+    return state
 
 
 def committed(state: Any) -> Any:

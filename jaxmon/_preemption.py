@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM, or JAX's preemption service, turned into a save and a stop."""
+"""Preemption: SIGTERM, Ctrl-C or JAX's preemption service, turned into a save and a stop."""
 
 from __future__ import annotations
 
@@ -16,31 +16,47 @@ logger = logging.getLogger("jaxmon")
 class Preemption:
     """Whether this run was asked to save at the next step boundary and stop.
 
-    With one JAX process, SIGTERM (caught while the session is open, if it was built
-    in the main thread) calls `request()`; a second SIGTERM goes to the handler that
-    was there before (by default: exit). With several processes, JAX's preemption
-    service takes SIGTERM instead, and `after_run(step)` asks it whether every process
-    reached the step they agreed to stop at.
+    With one JAX process, SIGTERM and SIGINT (Ctrl-C), caught while the session is
+    open if it was built in the main thread, call `request()`; a second one goes to the
+    handler that was there before (by default: exit, or `KeyboardInterrupt` for
+    Ctrl-C). After a Ctrl-C, `after_close` raises `KeyboardInterrupt` once the session
+    has saved and closed. (A `KeyboardInterrupt` raised inside the session's `with`
+    block saves too, then goes on; after a first Ctrl-C, it abandons the save.) With
+    several processes, JAX's preemption service takes SIGTERM instead, and
+    `after_run(step)` asks it whether every process reached the step they agreed to
+    stop at.
 
     Args:
-      handle_sigterm: catch SIGTERM (one process only).
+      handle_sigterm: catch SIGTERM and SIGINT (one process only).
       several_processes: poll JAX's preemption service after every run.
     """
 
     def __init__(self, *, handle_sigterm: bool, several_processes: bool):
         self.requested = False
+        #: True once the request came from Ctrl-C.
+        self.interrupted = False
         #: Whether `poll` asks JAX's preemption service (several processes, service on).
         self.polling = several_processes
-        self._sigterm = None
+        self._handlers: list[_SignalHandler] = []
         if handle_sigterm and not several_processes:
-            self._sigterm = _SigtermHandler(on_first=self.request, requested=lambda: self.requested)
+            self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested),
+                              _SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested)]
 
-    def request(self) -> None:
+    def request(self, by: str = "SIGTERM or request_preemption()") -> None:
         """Saves at the next step boundary, then stops (what SIGTERM does)."""
         if not self.requested:
-            logger.warning("Preemption (SIGTERM or request_preemption()): saving at the next step boundary, then "
-                           "stopping; a second SIGTERM exits at once.")
+            logger.warning("%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
         self.requested = True
+
+    def _interrupt(self) -> None:
+        self.interrupted = not self.requested
+        self.request("Ctrl-C")
+
+    def after_close(self, step: int) -> None:
+        """Raises `KeyboardInterrupt` after a Ctrl-C, now that the session saved and closed."""
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt(f"Stopped by Ctrl-C at step {step}")
 
     def after_run(self, step: int) -> bool:
         """Whether to save and stop after the run that completed `step`; with several
@@ -56,32 +72,32 @@ class Preemption:
         return self.requested
 
     def uninstall(self) -> None:
-        """Gives SIGTERM back to the handler that was there before."""
-        if self._sigterm is not None:
-            self._sigterm.uninstall()
+        """Gives SIGTERM and SIGINT back to the handlers that were there before."""
+        for handler in self._handlers:
+            handler.uninstall()
 
 
-class _SigtermHandler:
-    """Calls `on_first()` on SIGTERM; once `requested()` holds, a SIGTERM goes to the
+class _SignalHandler:
+    """Calls `on_first()` on `signum`; once `requested()` holds, the signal goes to the
     handler that was there before."""
 
-    def __init__(self, on_first, requested):
-        self._on_first, self._requested = on_first, requested
+    def __init__(self, signum: signal.Signals, on_first, requested):
+        self._signum, self._on_first, self._requested = signum, on_first, requested
         self._previous: Any = None
         self._installed = threading.current_thread() is threading.main_thread()
         if self._installed:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        else:
-            logger.info("The session is not in the main thread, so it does not handle SIGTERM.")
+            self._previous = signal.signal(signum, self._handle)
+        elif signum == signal.SIGTERM:
+            logger.info("The session is not in the main thread, so it does not handle SIGTERM or Ctrl-C.")
 
     def _handle(self, signum, frame) -> None:
         if not self._requested():
             self._on_first()
             return
         self.uninstall()
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), self._signum)
 
     def uninstall(self) -> None:
         if self._installed:
             self._installed = False
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            signal.signal(self._signum, self._previous if self._previous is not None else signal.SIG_DFL)

@@ -61,9 +61,9 @@ class MonitoredSession:
         fresh, as in TF's warm start.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
-      handle_sigterm: on SIGTERM (to a session built in the main thread), save at the
-        next step boundary and stop; a second SIGTERM kills. With several processes,
-        JAX's preemption service agrees on that step (`jax_enable_preemption_service`).
+      handle_sigterm: on SIGTERM or Ctrl-C (in the main thread), save at the next step
+        boundary and stop (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at
+        once. Several processes: JAX's preemption service agrees on the SIGTERM step.
       mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with
         `state_sharding` (donated still); each batch is assembled with `batch_sharding`
         from this process's part (`jax.make_array_from_process_local_data`).
@@ -204,17 +204,15 @@ class MonitoredSession:
         self._events.after_create_session(self)
 
     def sync(self) -> None:
-        """Delivers every pending late `after_run` now (see `RunArgs.late`) and reads the
-        hooks' accumulators (every `after_read`), waiting for the device only as long
-        as reading those values needs."""
+        """Delivers every pending late `after_run` now (see `RunArgs.late`) and reads the hooks'
+        accumulators (every `after_read`), waiting for the device only as long as that needs."""
         self._events.deliver_late()
         self._monitors.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
-        """`fetches` (as `RunArgs.fetches`) on the current state and the last run's batch
-        and outputs, as host NumPy, without a step or hooks (TF's `FinalOpsHook`).
-        Callables are jitted once per set; before the first run, batch and outputs
-        are None and empty."""
+        """`fetches` (as `RunArgs.fetches`) on the current state and the last run's batch and outputs, as
+        host NumPy, without a step or hooks (TF's `FinalOpsHook`). Callables are jitted once per set;
+        before the first run, batch and outputs are None and empty."""
         return self._dispatch.fetch(self._state, fetches)
 
     def snapshot(self) -> Snapshot | None:
@@ -289,6 +287,7 @@ class MonitoredSession:
             self._dispatch.close()  # compilations ahead not started are dropped
             self._batches.give_back()
             self._events.close(raise_errors=ok and clean)
+        self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:
         return self
@@ -298,7 +297,8 @@ class MonitoredSession:
         if self._closed and exc_type is None:
             raise RuntimeError("Session is already closed: close() was called inside the `with` block. "
                                "Let the `with` block close the session, or call close() without `with`.")
-        self._close(clean=exc_type is None or end_of_data)
+        interrupt = exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and not self._preemption.requested
+        self._close(clean=exc_type is None or end_of_data or interrupt)
         return end_of_data
 
     @property
