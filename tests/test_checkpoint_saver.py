@@ -535,11 +535,12 @@ def test_a_save_that_fails_raises_from_run(monkeypatch, tmp_path):
     directory = tmp_path / "ckpt"
     hook = jm.CheckpointSaverHook(directory, save_steps=2)
     reached = []
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match=f"Saving checkpoint 2 to {directory} failed: OSError: disk full") as raised:
         with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
             while not sess.should_stop():
                 sess.run()
                 reached.append(sess.step)
+    assert "the newest: 0" in str(raised.value) and isinstance(raised.value.__cause__, OSError)  # Orbax's error
     assert reached == [1] and sess.step == 2 and len(calls) == 2  # raised by the run of step 2
     assert steps_on_disk(directory) == [0]
     monkeypatch.undo()

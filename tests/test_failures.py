@@ -210,6 +210,28 @@ def test_ctrl_c_in_a_session_saves_at_the_next_step_and_raises_keyboard_interrup
     assert saver.saved_steps == [0, 5] and signal.getsignal(signal.SIGINT) is before  # handed back
 
 
+class SecondCtrlC(jm.Hook):
+    """A second Ctrl-C while the session closes, before the saver's final save."""
+
+    def end(self, session):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_second_ctrl_c_while_closing_abandons_the_save_and_the_checkpoint_before_stands(tmp_path):
+    def step_fn(state, batch):
+        return state + 1, {"loss": state}
+
+    saver = jm.CheckpointSaverHook(tmp_path, save_secs=600)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with jm.MonitoredSession(step_fn, state=jnp.zeros(()), hooks=[SecondCtrlC(), saver]) as sess:
+            while not sess.should_stop():
+                sess.run({})
+                if sess.step == 5:
+                    signal.raise_signal(signal.SIGINT)
+    assert not raised.value.args  # Python's own, from the second Ctrl-C: not the session's "Stopped by Ctrl-C"
+    assert saver.saved_steps == [0] and complete_steps(tmp_path) == [0]
+
+
 # -- a state with two leaves on one buffer ---------------------------------------------------------
 
 
