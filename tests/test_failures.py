@@ -27,9 +27,9 @@ SAVES_ONLY = ["--config.session.save_summaries_steps=None", "--config.session.lo
               "--config.session.max_to_keep=None", "--no_compilation_cache"]
 
 
-def train(workdir, *args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", DEFAULT, "--workdir", str(workdir),
-                           *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+def train(workdir, *args, config=DEFAULT, timeout=240):
+    return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                           str(workdir), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -59,20 +59,14 @@ def test_a_bad_value_or_key_exits_2_naming_it(tmp_path, override, words):
     assert_fails(train(tmp_path / "run", override), 2, *words)
 
 
-def test_a_yaml_syntax_error_exits_2_naming_the_file_and_line(tmp_path):
-    config = tmp_path / "exp.yaml"
-    config.write_text("seed: 0\nsteps: [\n")
-    result = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
-    assert_fails(result, 2, f"{config}, line 3, column 1", "expected the node content")
-
-
-def test_a_python_config_syntax_error_exits_2_naming_the_file_and_line(tmp_path):
-    config = tmp_path / "exp.py"
-    config.write_text("def get_config(:\n    return {}\n")
-    result = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
-    assert_fails(result, 2, f"{config}, line 1", "syntax")
+@pytest.mark.parametrize("name, text, where, words", [
+    ("exp.yaml", "seed: 0\nsteps: [\n", "line 3, column 1", "expected the node content"),
+    ("exp.py", "def get_config(:\n    return {}\n", "line 1", "syntax"),
+])
+def test_a_config_syntax_error_exits_2_naming_the_file_and_line(tmp_path, name, text, where, words):
+    config = tmp_path / name
+    config.write_text(text)
+    assert_fails(train(tmp_path / "run", config=config), 2, f"{config}, {where}", words)
 
 
 def test_a_workdir_that_is_a_file_exits_2(tmp_path):
@@ -222,7 +216,10 @@ def test_a_second_ctrl_c_while_closing_abandons_the_save_and_the_checkpoint_befo
         return state + 1, {"loss": state}
 
     saver = jm.CheckpointSaverHook(tmp_path, save_secs=600)
-    with pytest.raises(KeyboardInterrupt) as raised:
+    # Python's own handler before the session (an unclosed session of another test may have left its own)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt) as raised, contextlib.ExitStack() as stack:
+        stack.callback(signal.signal, signal.SIGINT, previous)
         with jm.MonitoredSession(step_fn, state=jnp.zeros(()), hooks=[SecondCtrlC(), saver]) as sess:
             while not sess.should_stop():
                 sess.run({})
