@@ -103,7 +103,7 @@ class CompiledStep:
         started = time.perf_counter()
         result = variant(state, batch, carry)
         compile_log.info("Compiled the step for runs of %d step%s with %d fetched value%s in %.2f s.", length,
-                    "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
+                         "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
         if len(self.lengths) > 1:
             self._compile_ahead(key, owners, abstract, batch, length)
             if key:
