@@ -16,18 +16,19 @@ logger = logging.getLogger("jaxmon")
 class Preemption:
     """Whether this run was asked to save at the next step boundary and stop.
 
-    With one JAX process, SIGTERM and SIGINT (Ctrl-C), caught while the session is
-    open if it was built in the main thread, call `request()`; a second one goes to the
-    handler that was there before (by default: exit, or `KeyboardInterrupt` for
-    Ctrl-C). After a Ctrl-C, `after_close` raises `KeyboardInterrupt` once the session
-    has saved and closed. (A `KeyboardInterrupt` raised inside the session's `with`
-    block saves too, then goes on; after a first Ctrl-C, it abandons the save.) With
-    several processes, JAX's preemption service takes SIGTERM instead, and
-    `after_run(step)` asks it whether every process reached the step they agreed to
-    stop at.
+    With one JAX process, SIGTERM (caught while the session is open) and SIGINT
+    (Ctrl-C, caught inside the session's `with` block, from `catch_ctrl_c()` until
+    `uninstall()`: a session left open elsewhere never swallows a Ctrl-C), in the main
+    thread, call `request()`; a second one goes to the handler that was there before
+    (by default: exit, or `KeyboardInterrupt` for Ctrl-C). After a Ctrl-C,
+    `after_close` raises `KeyboardInterrupt` once the session has saved and closed. (A
+    `KeyboardInterrupt` raised inside the `with` block saves too, then goes on; after a
+    first Ctrl-C, it abandons the save.) With several processes, JAX's preemption
+    service takes SIGTERM instead, and `after_run(step)` asks it whether every process
+    reached the step they agreed to stop at.
 
     Args:
-      handle_sigterm: catch SIGTERM and SIGINT (one process only).
+      handle_sigterm: catch SIGTERM, and SIGINT from `catch_ctrl_c()` (one process only).
       several_processes: poll JAX's preemption service after every run.
     """
 
@@ -38,9 +39,14 @@ class Preemption:
         #: Whether `poll` asks JAX's preemption service (several processes, service on).
         self.polling = several_processes
         self._handlers: list[_SignalHandler] = []
-        if handle_sigterm and not several_processes:
-            self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested),
-                              _SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested)]
+        self._catching = handle_sigterm and not several_processes
+        if self._catching:
+            self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested)]
+
+    def catch_ctrl_c(self) -> None:
+        """Turns Ctrl-C into `request()` too, until `uninstall()`."""
+        if self._catching and len(self._handlers) == 1:
+            self._handlers.append(_SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested))
 
     def request(self, by: str = "SIGTERM or request_preemption()") -> None:
         """Saves at the next step boundary, then stops (what SIGTERM does)."""

@@ -61,9 +61,9 @@ class MonitoredSession:
         fresh, as in TF's warm start.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
-      handle_sigterm: on SIGTERM or Ctrl-C (in the main thread), save at the next step
-        boundary and stop (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at
-        once. Several processes: JAX's preemption service agrees on the SIGTERM step.
+      handle_sigterm: on SIGTERM, or Ctrl-C inside `with` (main thread), save at the next step boundary
+        and stop (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at once. Several
+        processes: JAX's preemption service agrees on the SIGTERM step.
       mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with
         `state_sharding` (donated still); each batch is assembled with `batch_sharding`
         from this process's part (`jax.make_array_from_process_local_data`).
@@ -176,8 +176,7 @@ class MonitoredSession:
             raise
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
-        """One run: `before_run`s, one dispatch, `after_run`s (the late ones a run later);
-        a run that every hook sleeps through (`HookEvents.quiet`) calls none of them."""
+        """One run: `before_run`s, one dispatch, `after_run`s; none if every hook sleeps (`HookEvents.quiet`)."""
         length, batch, given = as_run(batch, self.steps_per_dispatch)
         if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
             self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
@@ -290,6 +289,7 @@ class MonitoredSession:
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:
+        self._preemption.catch_ctrl_c()  # inside `with` only: a session left open never swallows Ctrl-C
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -204,6 +204,16 @@ def test_ctrl_c_in_a_session_saves_at_the_next_step_and_raises_keyboard_interrup
     assert saver.saved_steps == [0, 5] and signal.getsignal(signal.SIGINT) is before  # handed back
 
 
+def test_a_session_used_without_with_leaves_ctrl_c_to_python():
+    before = signal.getsignal(signal.SIGINT)
+    sess = jm.MonitoredSession(lambda state, batch: (state + 1, {}), state=jnp.zeros(()))
+    sess.run({})
+    assert signal.getsignal(signal.SIGINT) is before  # a session left open never swallows a Ctrl-C
+    with sess:
+        assert signal.getsignal(signal.SIGINT) is not before
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 class SecondCtrlC(jm.Hook):
     """A second Ctrl-C while the session closes, before the saver's final save."""
 
