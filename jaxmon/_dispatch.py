@@ -93,7 +93,7 @@ class Dispatch:
         outputs, fetched)`. `unfed` is `batch` before `plan` merged the hooks' feeds."""
         if self._placement is not None:
             batch = self._placement.place_batch(batch)
-        monitors = self._monitors
+        monitors, self._compiled.step = self._monitors, step
         try:
             if monitors is None:
                 state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length, unfed=unfed)

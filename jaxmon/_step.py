@@ -73,6 +73,9 @@ class CompiledStep:
         self.lengths = tuple(lengths)
         self._ahead: dict[tuple, concurrent.futures.Future] = {}  # (key, length) compiling in the background
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._first_batch: dict[str, str] | None = None  # {path: "dtype[shape]"} of the first traced batch
+        #: The step before the run being dispatched (set by the caller; warnings name the next).
+        self.step = 0
         #: The session's `_monitors.Monitors` when some hook has accumulators: their
         #: update is traced into every step. Set before the first call.
         self.monitors: Any = None
@@ -176,12 +179,30 @@ class CompiledStep:
                 (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
+            self._check_batch_shapes(batch)
             self._traces.append(length)  # a trace that raised compiles nothing
             if carry is None:
                 return new_state, outputs, fetched
             return new_state, outputs, fetched, carry
 
         return jax.jit(variant, donate_argnums=self._donate)
+
+    def _check_batch_shapes(self, batch: Any) -> None:
+        """Warns (on trace) when one step's batch has other shapes than the first: each
+        new shape compiles the step again."""
+        shapes = {f"batch{jax.tree_util.keystr(path)}": f"{leaf.dtype}[{','.join(map(str, leaf.shape))}]"
+                  for path, leaf in jax.tree_util.tree_leaves_with_path(batch) if hasattr(leaf, "shape")}
+        if self._first_batch is None:
+            self._first_batch = shapes
+            return
+        changed = [f"{path} {shapes[path]} (was {before})" for path, before in self._first_batch.items()
+                   if path in shapes and shapes[path] != before]
+        if changed:
+            logger.warning(
+                "The batch of step %d has other shapes than the first batch: %s. The step compiles "
+                "again for every new shape (seconds on a real model, a stall mid-run). Give every batch one "
+                "shape: pad the last one (and mask the padding), or drop it (ArrayDataSource drops it by "
+                "default).", self.step + 1, "; ".join(changed))
 
     def evaluate(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, outputs: Any, owners: Mapping) -> tuple:
         """The fetch callables of `key` on `(state, batch, outputs)`, jitted once per key."""

@@ -193,3 +193,20 @@ def test_init_arguments_are_validated():
         jm.MonitoredSession(count_step, jnp.zeros(()))
     with pytest.raises(ValueError, match="stop_grace_period_secs must be a number >= 0; got '1'"):
         jm.MonitoredSession(count_step, zero, stop_grace_period_secs="1")
+
+
+def test_a_batch_whose_shape_changes_warns_with_the_step_the_key_and_both_shapes(caplog):
+    def step_fn(state, batch):
+        return state + batch["x"].sum(), {"loss": state}
+
+    data = [{"x": np.ones((4, 2), np.float32), "y": np.zeros(4, np.int32)}] * 5
+    data.append({"x": np.ones((3, 2), np.float32), "y": np.zeros(3, np.int32)})  # a ragged last batch
+    with caplog.at_level("WARNING", logger="jaxmon"):
+        with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=data) as sess:
+            while not sess.should_stop():
+                sess.run()
+    assert sess.step == 6 and float(sess.state) == 5 * 8 + 6 and sess.compile_count == 2
+    [warning] = [r.getMessage() for r in caplog.records if "other shapes" in r.getMessage()]
+    assert warning.startswith("The batch of step 6 has other shapes than the first batch: "
+                              "batch['x'] float32[3,2] (was float32[4,2]); batch['y'] int32[3] (was int32[4]).")
+    assert "compiles again" in warning and "pad the last one" in warning
