@@ -4,6 +4,9 @@ environment of child JAX processes."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -144,3 +147,23 @@ def slow_matmuls() -> tuple[int, int]:
     runs dispatch (384 and 30 on a CPU: about 3 GFLOP; 4096 and 8 elsewhere: about 1.1
     TFLOP, some 30 ms on an H100 at float32 precision)."""
     return (384, 30) if jax.default_backend() == "cpu" else (4096, 8)
+
+
+def signal_between_saves(config, workdir, signum, root):
+    """Runs `jaxmon train` with saves 600 s apart, sends `signum` a second after its
+    step-0 save (training has started), and returns the `CompletedProcess`."""
+    args = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir", str(workdir),
+            "--config.steps=100000", "--config.session.save_checkpoint_steps=None",
+            "--config.session.save_checkpoint_secs=600", "--config.hooks.1.every_n_steps=100000"]
+    process = subprocess.Popen(args, cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: training has started
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.2)
+        time.sleep(1.0)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return subprocess.CompletedProcess(args, process.returncode, out, err)

@@ -13,6 +13,7 @@ import sys
 import sysconfig
 
 import pytest
+from helpers import signal_between_saves
 
 import jaxmon as jm
 
@@ -232,27 +233,12 @@ def test_changing_what_the_checkpoints_depend_on_is_refused(run):
 
 def test_sigterm_saves_stops_and_exits_143_and_the_same_command_resumes(tmp_path):
     import signal
-    import time
 
     workdir = tmp_path / "run"
-    args = ["train", "--config", DEFAULT, "--workdir", workdir, "--config.steps=100000",
-            "--config.session.save_checkpoint_steps=None", "--config.session.save_checkpoint_secs=600",
-            "--config.hooks.1.every_n_steps=100000"]
-    process = subprocess.Popen([sys.executable, "-m", "jaxmon", *map(str, args)], cwd=ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: training has started
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.2)
-        time.sleep(1.0)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 143, err[-2000:]
-    stopped = re.search(r"Stopped by SIGTERM at step (\d+); the checkpoint is saved", out)
-    assert stopped and int(stopped[1]) > 0 and "test accuracy" not in out
+    result = signal_between_saves(DEFAULT, workdir, signal.SIGTERM, ROOT)
+    assert result.returncode == 143, result.stderr[-2000:]
+    stopped = re.search(r"Stopped by SIGTERM at step (\d+); the checkpoint is saved", result.stdout)
+    assert stopped and int(stopped[1]) > 0 and "test accuracy" not in result.stdout
     assert jm.latest_checkpoint_step(workdir) == int(stopped[1])  # saved at the step it stopped
 
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import signal_between_saves
 
 import jaxmon as jm
 from jaxmon._checkpoint import complete_steps
@@ -155,21 +156,7 @@ def assert_same_checkpoint(workdir, reference, step):
 
 def test_ctrl_c_saves_the_step_it_stops_on_exits_130_and_the_same_command_resumes(tmp_path):
     workdir = tmp_path / "run"
-    args = [sys.executable, "-m", "jaxmon", "train", "--config", DEFAULT, "--workdir", str(workdir),
-            "--config.steps=100000", "--config.session.save_checkpoint_steps=None",
-            "--config.session.save_checkpoint_secs=600", "--config.hooks.1.every_n_steps=100000"]
-    process = subprocess.Popen(args, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: training has started
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.2)
-        time.sleep(1.0)
-        process.send_signal(signal.SIGINT)  # between saves (the next is 600 s away)
-        out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    result = subprocess.CompletedProcess(args, process.returncode, out, err)
+    result = signal_between_saves(DEFAULT, workdir, signal.SIGINT, ROOT)  # the next save is 600 s away
     last = assert_fails(result, 130, "Stopped by Ctrl-C at step")
     step = int(re.search(r"at step (\d+); checkpoint (\d+) is saved", last)[1])
     assert step > 0 and jm.latest_checkpoint_step(workdir) == step
