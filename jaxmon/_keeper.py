@@ -210,11 +210,12 @@ def committed(state: Any) -> Any:
     compiled program (found in the persistent compilation cache at a restart) and
     promote dtypes alike. Committing an array on its own device copies nothing. A state
     with leaves placed on several devices by hand is left as it is."""
-    leaves = jax.tree.leaves(state)
-    devices = {d for x in leaves if isinstance(x, jax.Array) and x.committed for d in x.sharding.device_set}
+    arrays = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    devices = {d for x in arrays if x.committed for d in x.sharding.device_set}
     if len(devices) > 1:
         return state
-    device = devices.pop() if devices else jax.devices()[0]
+    # the device the committed leaves are on, else the one the others are on (jax.default_device's)
+    device = devices.pop() if devices else next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
 
     def leaf(x: Any) -> Any:
         weak = jax.typeof(x).weak_type
