@@ -172,7 +172,7 @@ class Steps:
     def stacked(self) -> Any:
         """Host batches stacked on a new leading axis; batches on the device as they are,
         a list (see `as_run`: the step stacks them, and checks their shapes then)."""
-        if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self.items[0])):
+        if on_device(self.items[0]):
             return self.items
         try:
             return jax.tree.map(_stack, *self.items)
@@ -196,3 +196,29 @@ def stack_leaves(items: list[Any]) -> Any:
     except (ValueError, TypeError) as error:
         raise unstackable(len(items), error) from None
 
+
+def on_device(batch: Any) -> bool:
+    """Whether every array of `batch` is on the device (a run of several takes such
+    batches as a list, see `as_run`)."""
+    return all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
+
+
+def abstract(tree: Any) -> Any:
+    """`tree`'s leaves as `jax.ShapeDtypeStruct`s that lower to the program a call with
+    them compiles (a committed array's sharding; weak types kept)."""
+    def leaf(x):
+        aval = jax.typeof(x)
+        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
+    return jax.tree.map(leaf, tree)
+
+
+def one_step(batch: Any, length: int) -> Any:
+    """The abstract batch of one step of a run of `length` steps given `batch` (as
+    `as_run` makes it: one batch, a list of batches on the device, or a stacked one)."""
+    if length == 1:
+        return abstract(batch)
+    if isinstance(batch, list):
+        return abstract(batch[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), abstract(batch))

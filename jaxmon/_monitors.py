@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._batches import one_step
 from jaxmon._events import to_host
 from jaxmon._fetches import normalize, paths
 
@@ -232,8 +233,7 @@ class Monitors:
     def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, sharding: Any) -> None:
         """Builds the carry before a run when there is none (first run, recovery)."""
         if self._layout is None:
-            one = batch if length == 1 else batch[0] if isinstance(batch, list) else jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), batch)
+            one = one_step(batch, length)
 
             def values(state, batch):
                 new_state, outputs = step_fn(state, batch)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmon._batches import stack_leaves
+from jaxmon._batches import abstract, on_device, one_step, stack_leaves
 from jaxmon._fetches import FetchSpec, paths
 
 logger = logging.getLogger("jaxmon")
@@ -102,15 +102,15 @@ class CompiledStep:
             return variant(state, batch, carry)
         variant = self._variant(key, owners, length)
         if len(self.lengths) > 1:  # taken before the call, which donates the state
-            abstract = _abstract(state), _abstract(carry)
+            arguments = abstract(state), abstract(carry)
         started = time.perf_counter()
         result = variant(state, batch, carry)
         compile_log.info("Compiled the step for runs of %d step%s with %d fetched value%s in %.2f s.", length,
                          "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
         if len(self.lengths) > 1:
-            self._compile_ahead(key, owners, abstract, batch, length)
+            self._compile_ahead(key, owners, arguments, batch, length)
             if key:
-                self._compile_ahead((), {}, abstract, batch if unfed is None else unfed, length)
+                self._compile_ahead((), {}, arguments, batch if unfed is None else unfed, length)
         return result
 
     def _variant(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object],
@@ -125,7 +125,7 @@ class CompiledStep:
             )
         return variant
 
-    def _compile_ahead(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object], abstract: tuple,
+    def _compile_ahead(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object], arguments: tuple,
                        batch: Any, length: int) -> None:
         """Compiles `key` for every run length it has no program for yet, in the background."""
         todo = [n for n in self.lengths if (key, n) not in self._variants]
@@ -135,8 +135,9 @@ class CompiledStep:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=max(1, min(len(self.lengths), (os.cpu_count() or 2) - 1)),
                 thread_name_prefix="jaxmon-compile")
-        state, carry = abstract
-        one, listed = _one_step_batch(batch, length)
+        state, carry = arguments
+        one = one_step(batch, length)
+        listed = isinstance(batch, list) if length > 1 else on_device(batch)  # as `as_run` will give it
         started = time.perf_counter()
         for n in todo:
             variant = self._variant(key, owners, n)
@@ -217,27 +218,6 @@ class CompiledStep:
 
             evaluator = self._evaluators[key] = jax.jit(evaluator)
         return evaluator(state, batch, outputs)
-
-
-def _abstract(tree: Any) -> Any:
-    """`tree`'s leaves as `jax.ShapeDtypeStruct`s that lower to the program a call with
-    them compiles (a committed array's sharding; weak types kept)."""
-    def leaf(x):
-        aval = jax.typeof(x)
-        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
-
-    return jax.tree.map(leaf, tree)
-
-
-def _one_step_batch(batch: Any, length: int) -> tuple[Any, bool]:
-    """The abstract batch of one step of a run of `length` steps given `batch`, and
-    whether a run of several takes it as a list (batches on the device, see `as_run`)."""
-    if length == 1:
-        return _abstract(batch), all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
-    if isinstance(batch, list):
-        return _abstract(batch[0]), True
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), _abstract(batch)), False
 
 
 def _compile(variant: Any, args: tuple, length: int, todo: list[int], started: float) -> None:
