@@ -16,6 +16,8 @@ def get_config() -> dict:
             "batch_size": 64,
             "eval_split": "test",  # 20% of the 1797 images, never trained on
             "test_fraction": 0.2,
+            "loader": "arrays",  # or "grain": a grain pipeline with worker processes (pip install 'jaxmon[grain]')
+            "worker_count": 2,  # grain's worker processes (data.loader "grain" only)
         },
         "model": {"name": "jaxmon.models:CNN", "channels": [16, 32], "features": [64], "num_outputs": 10},
         "task": "classification",  # softmax cross-entropy, accuracy

@@ -17,6 +17,7 @@ from jaxmon._hook import (
     SessionRunHook,
     SessionRunValues,
 )
+from jaxmon._loaders import ResumableIterator
 from jaxmon._monitors import FirstNonFinite, Mean, Reduction
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
@@ -52,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AbortedError",
     "ArrayDataSource",
+    "ResumableIterator",
     "CheckpointSaverHook",
     "CheckpointSaverListener",
     "ConfigError",

@@ -10,6 +10,7 @@ seconds-based trigger then reads, so that "every 600 seconds" fires at one step 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -69,6 +70,13 @@ class Agreement:
         """Whether `flag` is True on every process."""
         return bool(_gather(np.array([float(flag)]), step).all())
 
+    def gather(self, value: Any, step: int) -> list[Any]:
+        """Every process's `value` (JSON-serialisable): two all-gathers, its length, then its text."""
+        text = json.dumps(value).encode()
+        longest = int(_gather(np.array([len(text)], np.int64), step).max())
+        padded = np.frombuffer(text.ljust(longest, b" "), np.uint8)
+        return [json.loads(bytes(row)) for row in _gather(padded, step)]
+
 
 class AgreedRuns:
     """A session's runs when several JAX processes share the step: after each, every
@@ -127,6 +135,10 @@ class AgreedRuns:
     def all(self, flag: bool) -> bool:
         """Whether `flag` holds on every process (every process calls it at one point)."""
         return self._agreed(self._agreement.all, bool(flag), self._step())
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's `value` (JSON), in process order (every process calls it at one point)."""
+        return self._agreed(self._agreement.gather, value, self._step())
 
     def _agreed(self, agree: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:

@@ -12,6 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmon import _loaders
+
 logger = logging.getLogger("jaxmon")
 
 
@@ -34,11 +36,22 @@ class BatchSource:
         once, as flax's `prefetch_to_device`), so that the copy overlaps the steps
         before; 0 (or data whose first batch is already on the device) takes each
         batch when its run starts.
+      put: how a batch taken ahead goes to the device (a sharded session's
+        `place_batch`: this process's part, with the batch sharding); None:
+        `jax.device_put`.
+
+    An iterator the session made (`data` was an iterable, such as a grain dataset or
+    DataLoader) is closed with the session, which stops its worker processes; one given
+    as an iterator is the caller's, set back to its first batch not run.
     """
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
-                 prefetch: int = 0):
+                 prefetch: int = 0, put: Callable[[Any], Any] | None = None):
+        if data is not None and _loaders.is_grain(data):
+            _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
+        self._owned = data is not None and self._data is not data
+        self._put = jax.device_put if put is None else put
         self._steps_per_dispatch = steps_per_dispatch
         self._prefetch = prefetch if steps_per_dispatch == 1 else 0
         self._run_limit = run_limit
@@ -105,7 +118,7 @@ class BatchSource:
         batch = next(self._data)
         if self._prefetch:
             if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
-                batch = jax.device_put(batch)
+                batch = self._put(batch)
             elif not self._buffer:  # data already on the device: nothing to gain from taking it ahead
                 self._prefetch = 0
         return batch
@@ -114,24 +127,27 @@ class BatchSource:
         return None if self._positions is None else self._positions()
 
     def give_back(self) -> None:
-        """Sets the data back to the first batch taken ahead but not run (when its
-        iterator has `set_state`), so that the iterator carries on from there after
-        the session; an iterator without it has lost those batches."""
-        if self._buffer and hasattr(self._data, "set_state"):
+        """At the session's end: closes an iterator the session made; sets one it was given
+        back to the first batch taken ahead but not run (when it has `set_state`), so that
+        it carries on from there after the session (one without has lost those batches)."""
+        if self._owned:
+            self._buffer.clear()
+            _loaders.close_iterator(self._data)
+        elif self._buffer and hasattr(self._data, "set_state"):
             self._data.set_state(self._buffer[0][1])
             self._buffer.clear()
             self._deferred = None
 
     def position(self) -> Any:
-        """The data position before the next batch to run (None when the iterator has
-        no `get_state()`)."""
-        return self._buffer[0][1] if self._buffer else self._get_state()
+        """The data position before the next batch to run, as JSON (None when the
+        iterator has no `get_state()`)."""
+        return _loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state())
 
     def restore(self, position: Any, step: int, recovering: bool) -> None:
         """Sets the data back to a checkpoint's `position` (of `step`), or says why not."""
         if position is not None:
             if hasattr(self._data, "set_state"):
-                self._data.set_state(position)
+                self._data.set_state(_loaders.from_json(position))
                 self._buffer.clear()
                 self._deferred = None
                 self.rewound = True

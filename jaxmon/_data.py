@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxmon._errors import check_int
@@ -28,6 +29,12 @@ class ArrayDataSource:
       drop_remainder: drop the last, smaller batch of an epoch.
       num_epochs: stop (StopIteration: the session ends cleanly) after this many
         epochs; None repeats forever.
+      shard: read only one part of the rows: `"process"` for this JAX process's part
+        (`jax.process_index()` of `jax.process_count()`: with several processes each
+        reads its own rows, as `make_array_from_process_local_data` expects), or
+        `(index, count)`. The rows are cut into `count` equal contiguous parts (the
+        last `num_rows % count` rows are left out, so every part has as many batches);
+        each part is shuffled on its own. None reads every row.
 
     Example:
       >>> import numpy as np, jaxmon as jm
@@ -37,14 +44,21 @@ class ArrayDataSource:
     """
 
     def __init__(self, arrays: Mapping[str, Any] | np.ndarray, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0, drop_remainder: bool = True, num_epochs: int | None = None):
+                 seed: int = 0, drop_remainder: bool = True, num_epochs: int | None = None,
+                 shard: str | tuple[int, int] | None = None):
         if not isinstance(arrays, Mapping):
             arrays = {"x": arrays}
-        self.arrays = {key: np.asarray(value) for key, value in arrays.items()}
-        lengths = {key: len(value) for key, value in self.arrays.items()}
+        arrays = {key: np.asarray(value) for key, value in arrays.items()}
+        lengths = {key: len(value) for key, value in arrays.items()}
         if not lengths or len(set(lengths.values())) != 1:
             raise ValueError(f"ArrayDataSource arrays must be a non-empty dict of arrays with one first dimension; "
                              f"got lengths {lengths}.")
+        self.shard = _shard(shard)
+        index, count = self.shard or (0, 1)
+        rows = next(iter(lengths.values())) // count
+        self.arrays = arrays if count == 1 else {key: value[index * rows:(index + 1) * rows]
+                                                 for key, value in arrays.items()}
+        lengths = {key: len(value) for key, value in self.arrays.items()}
         check_int("ArrayDataSource batch_size", batch_size, minimum=1)
         check_int("ArrayDataSource seed", seed)
         if num_epochs is not None:
@@ -78,13 +92,19 @@ class ArrayDataSource:
 
     def get_state(self) -> dict[str, int]:
         """The position: the epoch, the batches taken in it, and the seed."""
-        return {"epoch": self._epoch, "index": self._index, "seed": self.seed}
+        state = {"epoch": self._epoch, "index": self._index, "seed": self.seed}
+        return state if self.shard is None else {**state, "shard": list(self.shard)}
 
     def set_state(self, state: Mapping[str, int]) -> None:
         """Moves to a position from `get_state()` (of a source over the same arrays)."""
         if state.get("seed", self.seed) != self.seed:
             raise ValueError(f"ArrayDataSource.set_state: the saved position was taken with seed {state['seed']}, "
                              f"this source has seed {self.seed}; resume with the same seed.")
+        saved = tuple(state["shard"]) if state.get("shard") else None
+        if saved != self.shard:
+            raise ValueError(f"ArrayDataSource.set_state: the saved position is of shard {saved} (index, count), "
+                             f"this source reads shard {self.shard}; resume with as many JAX processes as before "
+                             "(or the same shard=).")
         self._epoch, self._index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self._epoch)
 
@@ -94,5 +114,19 @@ class ArrayDataSource:
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
 
     def __repr__(self) -> str:
+        shard = "" if self.shard is None else f", shard={self.shard}"
         return (f"ArrayDataSource({sorted(self.arrays)}, rows={self.num_rows}, batch_size={self.batch_size}, "
-                f"shuffle={self.shuffle}, seed={self.seed})")
+                f"shuffle={self.shuffle}, seed={self.seed}{shard})")
+
+
+def _shard(shard: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    """`shard=` as `(index, count)`, or None for every row."""
+    if shard is None:
+        return None
+    if shard == "process":
+        return jax.process_index(), jax.process_count()
+    if (isinstance(shard, (tuple, list)) and len(shard) == 2 and all(isinstance(i, int) for i in shard)
+            and 0 <= shard[0] < shard[1]):
+        return int(shard[0]), int(shard[1])
+    raise ValueError(f"ArrayDataSource shard={shard!r}: give 'process' (this JAX process's part), "
+                     "(index, count) with 0 <= index < count, or None (every row).")

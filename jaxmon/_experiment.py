@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxmon import _loaders
 from jaxmon._checkpoint import DirectoryInUseError
 from jaxmon._config import ConfigError
 from jaxmon._data import ArrayDataSource
@@ -34,8 +35,10 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
       - `seed` (int), `steps` (the last step: `StopAtStepHook(last_step=steps)`);
       - `data`: `source` (import path of `fn(split, **rest) -> {"x": ..., "y": ...}`,
         e.g. `"jaxmon.datasets:digits"`), `batch_size`, `eval_split` (default
-        "test"), `eval_batch_size` (default: the whole split in one batch), and any
-        other keys for `source`;
+        "test"), `eval_batch_size` (default: the whole split in one batch), `loader`
+        ("arrays": `jm.ArrayDataSource`; "grain": a grain pipeline, shuffled each
+        epoch, with `worker_count` worker processes, default 2), and any other keys
+        for `source`. Either loader resumes exactly;
       - `model`: `name` (import path of a Flax linen module) and its arguments;
       - `task`: "classification" (softmax cross-entropy and accuracy on integer
         labels), "regression" (mean squared error), or the import path of
@@ -120,7 +123,7 @@ class _Experiment:
     init_fn: Callable[[], TrainState]
     step_fn: Callable[..., Any]
     eval_fn: Callable[..., dict[str, Any]]
-    data: ArrayDataSource
+    data: Any  # ArrayDataSource, or a grain pipeline
     eval_split: Any
     eval_batches: list[dict[str, np.ndarray]]
     hooks: list[Any]
@@ -138,6 +141,8 @@ class _Data:
     batch_size: Any
     eval_split: Any
     eval_batch_size: int | None
+    loader: str
+    worker_count: int
 
 
 def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callable[[str], None]) -> _Experiment:
@@ -163,7 +168,7 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                                                workdir=workdir)
     session_args = session_args_of(config)
     report_changes(config, workdir, report)
-    train_data = ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
+    train_data = _train_data(data, seed)
     return _Experiment(config, workdir, steps, init_fn, step_fn, eval_fn, train_data, data.eval_split,
                        eval_batches, hooks, chief_only_hooks, evals, session_args)
 
@@ -175,7 +180,21 @@ def _load_data(config: Mapping[str, Any]) -> _Data:
     batch_size = pop_key(data, "batch_size", "data.batch_size")
     eval_split = data.pop("eval_split", "test")
     eval_batch_size = data.pop("eval_batch_size", None)
-    return _Data(source("train", **data), source(eval_split, **data), batch_size, eval_split, eval_batch_size)
+    loader, worker_count = data.pop("loader", "arrays"), data.pop("worker_count", 2)
+    if loader not in ("arrays", "grain"):
+        raise ConfigError(f"data.loader={loader!r}: give 'arrays' (jm.ArrayDataSource) or 'grain'.")
+    if not isinstance(worker_count, int) or isinstance(worker_count, bool) or worker_count < 0:
+        raise ConfigError(f"data.worker_count={worker_count!r}: give a number of grain worker processes >= 0.")
+    return _Data(source("train", **data), source(eval_split, **data), batch_size, eval_split, eval_batch_size,
+                 loader, worker_count)
+
+
+def _train_data(data: _Data, seed: int) -> Any:
+    """The training batches, reshuffled each epoch, resumable exactly."""
+    if data.loader == "grain":
+        arrays = {key: np.asarray(value) for key, value in data.train.items()}
+        return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count)
+    return ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
 
 
 def _model(config: Mapping[str, Any]) -> Any:

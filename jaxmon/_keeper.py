@@ -124,7 +124,7 @@ class StateKeeper:
         recovery, where hooks keep their own state as in TF) hook states; returns its
         state."""
         self.restored_step = restored.step
-        self._batches.restore(restored.meta.get("data"), restored.step, recovering is not None)
+        self._batches.restore(_data_position(restored.meta, restored.step), restored.step, recovering is not None)
         if recovering is None:
             saved = restored.meta.get("hooks") or {}
             for (key, hook), legacy in zip(_hook_keys(self._hooks), _legacy_hook_keys(self._hooks), strict=True):
@@ -139,12 +139,14 @@ class StateKeeper:
         if self.rejected is None:
             self.rejected = reason
 
-    def snapshot(self, state: Any, step: int, *, sync: Callable[[], None],
-                 agree_all: Callable[[bool], bool]) -> Snapshot | None:
+    def snapshot(self, state: Any, step: int, *, sync: Callable[[], None], peers: Any = None) -> Snapshot | None:
         """What a checkpoint of `state` at `step` holds, or None (logged) when it must
         not be saved. `sync()` delivers the late hooks first (a NaN check may reject
-        the state); `agree_all(ok)` makes every JAX process save or none, and a late
-        hook's error is raised once every process knows."""
+        the state). With several processes (`peers`, the session's `AgreedRuns`), every
+        process saves or none does, a late hook's error is raised once every process
+        knows, and the checkpoint keeps every process's data position (each reads its
+        own shard) as `data_by_process`."""
+        agree_all = bool if peers is None else peers.all
         error = None
         try:
             sync()
@@ -156,7 +158,10 @@ class StateKeeper:
             logger.warning("Not saving a checkpoint of step %d: %s.", step,
                            self.rejected or "another JAX process cannot save it")
             return None
-        return Snapshot(step, state, self.resume_info(step))
+        info = self.resume_info(step)
+        if peers is not None:
+            info["data_by_process"] = peers.gather(info["data"])
+        return Snapshot(step, state, info)
 
     def resume_info(self, step: int) -> dict[str, Any]:
         """The metadata a checkpoint of `step` holds (see `MonitoredSession.resume_info`)."""
@@ -173,6 +178,20 @@ class StateKeeper:
             "config": self._config,
         }
         return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
+
+
+def _data_position(meta: dict[str, Any], step: int) -> Any:
+    """This process's data position in a checkpoint's `meta`: its own entry of
+    `data_by_process` (saved with several processes), else `data` (the chief's)."""
+    positions = meta.get("data_by_process")
+    if positions is None:
+        return meta.get("data")
+    if len(positions) != jax.process_count():
+        logger.warning("Checkpoint %d was saved by %d JAX processes, this run has %d: each process's data "
+                       "restarts from the chief's position, so the shards no longer resume exactly.",
+                       step, len(positions), jax.process_count())
+        return meta.get("data")
+    return positions[jax.process_index()]
 
 
 def unaliased(state: Any) -> Any:

@@ -74,18 +74,17 @@ class MonitoredSession:
       batch_sharding: the same for batches; None shards the leading axis of every
         batch array over all the mesh's axes and replicates scalars. With several
         processes, fetched values must be replicated (a loss and metrics are).
-      steps_per_dispatch: run up to this many steps per `run()` in one dispatch
-        (`jax.lax.scan` over batches from `data`, or a list given to `run()`), cut so
-        that every step-based trigger (a hook's `steps_to_next_trigger`) ends a run
-        on its exact step. Run lengths are powers of two: log2(k) + 1 programs per
-        fetch set, compiled in the background when the set first runs, so that no
-        shorter run stalls later. Hooks see one `before_run` / `after_run` per run
-        (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`;
-        seconds-based triggers fire at run ends. One process, no mesh.
+      steps_per_dispatch: run up to this many steps per `run()` in one dispatch (`jax.lax.scan`
+        over batches from `data`, or a list given to `run()`), cut so that every step-based trigger
+        (a hook's `steps_to_next_trigger`) ends a run on its exact step. Run lengths are powers of
+        two: log2(k) + 1 programs per fetch set, compiled in the background when the set first runs,
+        so that no shorter run stalls later. Hooks see one `before_run` / `after_run` per run
+        (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
+        triggers fire at run ends. One process, no mesh.
       max_dispatch_ahead: at most this many steps queued without waiting for one. "auto": 16 on
         several CPU devices (XLA aborts when ~50 programs with collectives queue up there), else None.
-      prefetch: with one step per run and no mesh, how many batches of `data` are taken
-        ahead and sent to the device while earlier steps run (0: none).
+      prefetch: with one step per run, how many batches of `data` are taken ahead and sent to the
+        device (with a mesh: this process's part, with the batch sharding) while steps run (0: none).
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -118,8 +117,8 @@ class MonitoredSession:
                                   max_dispatch_ahead=max_dispatch_ahead, steps_per_dispatch=steps_per_dispatch)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
-        self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger,
-                                    prefetch=0 if placement or jax.process_count() > 1 else prefetch)
+        self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger, prefetch=prefetch,
+                                    put=placement and placement.place_batch)
         self._keeper = StateKeeper(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                    warm_start=warm_start, initial_step=initial_step, config=config,
                                    hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
@@ -135,6 +134,7 @@ class MonitoredSession:
             self._keeper.create(self._created)
         except BaseException:
             self._closed = True
+            self._batches.give_back()  # a loader's worker processes too
             self._events.close(raise_errors=False)  # release what begin() opened
             raise
 
@@ -218,7 +218,7 @@ class MonitoredSession:
         """What a checkpoint of the current step holds, or None (logged) when it must not
         be saved. It syncs first (a NaN check passes on the state); with several JAX
         processes all save or none does."""
-        return self._keeper.snapshot(self._state, self._step, sync=self.sync, agree_all=self.agree_all)
+        return self._keeper.snapshot(self._state, self._step, sync=self.sync, peers=self._agreed)
 
     def after_hooks(self, fn: Callable[[], Any]) -> None:
         """Calls `fn()` once every hook's event now under way is done (then saved, step N has them all)."""

@@ -26,6 +26,30 @@ compile_log = logging.getLogger("jaxmon.compile")
 VARIANT_WARNING = 8
 
 
+def check_batch(batch: Any, step: int) -> None:
+    """Refuses (before tracing) a batch the step cannot take, a leaf that is not an array or
+    a number, naming the step and the key. (A batch with 0 rows is refused on trace.)"""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        if not _array_like(leaf):
+            shown = f"{type(leaf).__name__} {leaf!r}"[:120]
+            raise TypeError(f"batch{jax.tree_util.keystr(path)} of step {step} is not an array of numbers: "
+                            f"{shown}. A step takes arrays only: turn it into one in the data pipeline "
+                            "(e.g. token ids for text), or drop the key from the batch.")
+
+
+def _array_like(leaf: Any) -> bool:
+    """Whether the step can take `leaf`: a number, or an array of anything but objects and text."""
+    if isinstance(leaf, (bool, int, float, complex, np.number, np.bool_)):
+        return True
+    kind = getattr(leaf, "dtype", None)
+    if kind is None:
+        return False
+    try:
+        return np.dtype(kind).kind not in "OSU"
+    except TypeError:  # a JAX extended dtype (PRNG keys)
+        return True
+
+
 def check_step_fn(step_fn: Any) -> None:
     """Raises a `TypeError` unless `step_fn` can be called as `step_fn(state, batch)`."""
     if not callable(step_fn):
@@ -99,7 +123,12 @@ class CompiledStep:
             ahead = self._ahead.pop((key, length), None)
             if ahead is not None:
                 ahead.result()  # the rest of its compilation, if the background is not done yet
-            return variant(state, batch, carry)
+            try:
+                return variant(state, batch, carry)
+            except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
+                check_batch(batch, self.step + 1)
+                raise
+        check_batch(batch, self.step + 1)
         variant = self._variant(key, owners, length)
         if len(self.lengths) > 1:  # taken before the call, which donates the state
             arguments = abstract(state), abstract(carry)
@@ -190,9 +219,15 @@ class CompiledStep:
 
     def _check_batch_shapes(self, batch: Any) -> None:
         """Warns (on trace) when one step's batch has other shapes than the first: each
-        new shape compiles the step again."""
+        new shape compiles the step again; refuses a batch with no rows."""
         shapes = {f"batch{jax.tree_util.keystr(path)}": f"{leaf.dtype}[{','.join(map(str, leaf.shape))}]"
                   for path, leaf in jax.tree_util.tree_leaves_with_path(batch) if hasattr(leaf, "shape")}
+        empty = [path for path, leaf in jax.tree_util.tree_leaves_with_path(batch)
+                 if getattr(leaf, "shape", (1,))[:1] == (0,)]
+        if empty:
+            raise ValueError(f"The batch of step {self.step + 1} is empty: batch{jax.tree_util.keystr(empty[0])} "
+                             "has 0 rows. A loader that filters or splits its data can yield an empty batch at the "
+                             "end of an epoch: drop it (drop_remainder=True) or skip empty batches.")
         if self._first_batch is None:
             self._first_batch = shapes
             return

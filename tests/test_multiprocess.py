@@ -121,8 +121,9 @@ WORKER = textwrap.dedent('''
                 print(f"DYING at {values.step}", flush=True)
                 os._exit(3)
 
-    def train(name, data, *, hooks=(), chief_only_hooks=(), extra=None, last_step=1000, save_checkpoint_steps=5):
-        directory = os.path.join(workdir, name)
+    def train(name, data, *, hooks=(), chief_only_hooks=(), extra=None, last_step=1000, save_checkpoint_steps=5,
+              directory=None):
+        directory = os.path.join(workdir, directory or name)
         losses = Losses()
         result = {"scenario": name, "process": pid}
         sess = None
@@ -149,8 +150,30 @@ WORKER = textwrap.dedent('''
         result.update(extra or {})
         print("RESULT " + json.dumps(result), flush=True)
 
+    class Seen:  # this process's part of the rows (a shard of 16 of 32), recording the row ids it yields
+        def __init__(self):
+            rng = np.random.default_rng(3)
+            rows = {"x": rng.normal(size=(32, 4)).astype(np.float32), "y": rng.normal(size=(32,)).astype(np.float32),
+                    "id": np.arange(32, dtype=np.int32)}
+            self.source, self.ids = jm.ArrayDataSource(rows, 4, shard="process", seed=5), []
+        def __iter__(self):
+            return self
+        def __next__(self):
+            batch = next(self.source)
+            self.ids.append([int(i) for i in batch["id"]])
+            return batch
+        def get_state(self):
+            return self.source.get_state()
+        def set_state(self, state):
+            self.source.set_state(state)
+
     for scenario in scenarios:
-        if scenario == "train":  # chief-only summaries and stop, checkpoints, a seconds-based trigger
+        if scenario.startswith("shards"):  # full: to step 12; half: to 6, then resume: to 12 from its checkpoint
+            seen = Seen()
+            last_step = 6 if scenario == "shards_half" else 12
+            train(scenario, seen, last_step=last_step, extra={"ids": seen.ids},
+                  directory="shards_full" if scenario == "shards_full" else "shards")
+        elif scenario == "train":  # chief-only summaries and stop, checkpoints, a seconds-based trigger
             fired = []
             periodic = jm.PeriodicHook(lambda session: fired.append(session.step), every_n_secs=0.1)
             # Process 1 reaches the trigger a varying time into each step: its own clock
@@ -248,10 +271,11 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    """The main launch: four sessions in the same two processes, then SIGTERM to process
-    1 in a fifth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
+    """The main launch: seven sessions in the same two processes, then SIGTERM to process
+    1 in an eighth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
     the last exit)."""
-    workers = Workers(tmp_path_factory.mktemp("multiprocess"), ["train", "hook_error", "nan", "eod", "sigterm"])
+    scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "sigterm"]
+    workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
         workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=150)
@@ -431,3 +455,24 @@ def test_a_dead_process_makes_the_other_fail_fast_with_a_clear_error(die_runs, s
     # once the heartbeat timeout declares the peer dead: known and accepted).
     assert rcs[0] in (0, -signal.SIGABRT), (rcs, output)
     assert workers.eof_time[0] - died < 30, workers.eof_time[0] - died
+
+
+def test_each_process_reads_its_own_shard_and_resumes_it_exactly(main_run):
+    full, half, resumed = (both(main_run, name) for name in ("shards_full", "shards_half", "shards_resume"))
+    for results in (full, half, resumed):
+        assert all(r["ok"] for r in results), results
+    # Process 0 reads rows 0-15, process 1 rows 16-31 (ArrayDataSource(shard="process")).
+    rows = [{i for batch in full[p]["ids"] for i in batch} for p in range(2)]
+    assert rows == [set(range(16)), set(range(16, 32))]
+    # The checkpoint keeps each process's own position; each resumes from its own.
+    from jaxmon._checkpoint import read_meta
+
+    meta = read_meta(main_run.workdir / "shards" / "6")
+    assert [position["shard"] for position in meta["data_by_process"]] == [[0, 2], [1, 2]]
+    assert meta["data"] == meta["data_by_process"][0]
+    assert resumed[0]["ids"][0] == full[0]["ids"][6] and resumed[1]["ids"][0] == full[1]["ids"][6]
+    # Steps 7-12 after the resume are those of the uninterrupted run, and so is the state.
+    for p in range(2):
+        assert resumed[p]["losses"] == {str(t): full[p]["losses"][str(t)] for t in range(7, 13)}
+        assert resumed[p]["w"] == full[p]["w"]
+    assert full[0]["w"] == full[1]["w"]

@@ -1,0 +1,184 @@
+"""Real data loaders in a session: grain's iterators (their positions, their worker
+processes), iterators without a position (`ResumableIterator`), and positions as JSON."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+logger = logging.getLogger("jaxmon")
+
+
+def is_grain(data: Any) -> bool:
+    """Whether `data` (an iterable or iterator) comes from grain."""
+    return type(data).__module__.split(".")[0] == "grain"
+
+
+def prepare_grain() -> None:
+    """Lets grain's worker processes start in a program that does not parse Abseil flags:
+    grain 0.2 reads a flag of its own when it starts them, which Abseil refuses before
+    flags are parsed (google/grain#1355). Marks them parsed, with their defaults, if
+    nothing parsed them; a program that parses them (absl.app) is left alone."""
+    flags = sys.modules.get("absl.flags")
+    if flags is not None and not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def close_iterator(iterator: Any) -> None:
+    """Stops `iterator`'s background work (grain's worker processes): its `close()`, or,
+    for a `grain.DataLoader`'s iterator (grain 0.2 gives it none), its dataset iterator's."""
+    close = getattr(iterator, "close", None)
+    if close is None and is_grain(iterator):
+        close = getattr(getattr(iterator, "_iterator", None), "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception as error:  # closing must not hide why the session ended
+            logger.warning("Closing the data iterator failed: %r", error)
+
+
+def to_json(position: Any) -> Any:
+    """A data position as checkpoint metadata holds it: bytes (a `grain.DataLoader`'s
+    state) as `{"__bytes__": text}` (or `{"__base64__": ...}` when not UTF-8)."""
+    if isinstance(position, (bytes, bytearray)):
+        try:
+            return {"__bytes__": bytes(position).decode()}
+        except UnicodeDecodeError:
+            return {"__base64__": base64.b64encode(position).decode()}
+    return position
+
+
+def from_json(position: Any) -> Any:
+    """The position `to_json` wrote, as the iterator's `set_state` takes it."""
+    if isinstance(position, dict) and len(position) == 1:
+        if "__bytes__" in position:
+            return position["__bytes__"].encode()
+        if "__base64__" in position:
+            return base64.b64decode(position["__base64__"])
+    return position
+
+
+class ResumableIterator:
+    """Any iterable made resumable by counting: its position is the number of batches
+    taken, and a resume replays that many from a fresh iterator (with a warning).
+
+    For loaders without a position of their own, such as a `torch.utils.data.DataLoader`
+    or a tf.data pipeline read as NumPy (`ds.as_numpy_iterator()`): the session saves
+    the count with each checkpoint, and a resumed run skips the batches the interrupted
+    one had consumed. The resume is exact when the loader gives the same batches in the
+    same order each time it is iterated (a seeded shuffle); the replay costs the time to
+    load those batches again. A loader with `get_state()` / `set_state()` (grain,
+    `jm.ArrayDataSource`) resumes at once without it.
+
+    Args:
+      data: a re-iterable (each `iter(data)` starts over, as a DataLoader does) or a
+        function that returns a new iterator (`lambda: ds.as_numpy_iterator()`).
+      repeat: start over when the data ends (each pass is an epoch); False ends the run
+        there (`StopIteration`, a clean stop).
+
+    Example:
+      >>> import jaxmon as jm
+      >>> batches = jm.ResumableIterator([{"x": 1}, {"x": 2}, {"x": 3}])
+      >>> next(batches), batches.get_state()
+      ({'x': 1}, {'batches': 1})
+    """
+
+    def __init__(self, data: Iterable[Any] | Callable[[], Iterator[Any]], *, repeat: bool = False):
+        if callable(data) and not hasattr(data, "__iter__"):
+            self._start = data
+        elif hasattr(data, "__iter__"):
+            if iter(data) is data:
+                raise TypeError(f"ResumableIterator needs data it can iterate again from the start, got the "
+                                f"iterator {data!r}; pass what makes it (a DataLoader, a list) or a function "
+                                "that returns a new iterator, e.g. lambda: ds.as_numpy_iterator().")
+            self._start = lambda: iter(data)
+        else:
+            raise TypeError(f"ResumableIterator takes an iterable or a function returning an iterator, "
+                            f"got {data!r}.")
+        self.repeat = repeat
+        self._iterator: Iterator[Any] | None = None
+        self._taken = 0
+
+    def __iter__(self) -> ResumableIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._start())
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if not self.repeat:
+                raise
+            self._iterator = iter(self._start())
+            batch = next(self._iterator)  # an empty pass ends the data
+        self._taken += 1
+        return batch
+
+    def get_state(self) -> dict[str, int]:
+        """The position: how many batches were taken."""
+        return {"batches": self._taken}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Starts over and takes (replays) `state["batches"]` batches."""
+        count = int(state["batches"])
+        if count == self._taken:
+            return
+        close_iterator(self._iterator)
+        self._iterator, self._taken = None, 0
+        if count:
+            logger.warning("Replaying the %d batches consumed before the checkpoint, to reach its data position "
+                           "(this data has no set_state(); only its count of batches was saved).", count)
+        for _ in range(count):
+            try:
+                next(self)
+            except StopIteration:
+                raise ValueError(f"ResumableIterator.set_state: the data ended after {self._taken} batches, before "
+                                 f"the {count} the checkpoint had consumed; resume with the same data.") from None
+
+    def close(self) -> None:
+        close_iterator(self._iterator)
+
+    def __repr__(self) -> str:
+        return f"ResumableIterator(taken={self._taken}, repeat={self.repeat})"
+
+
+class _Rows:
+    """The rows of in-memory arrays as grain's random-access source (a stable repr:
+    a `grain.DataLoader` compares it on resume)."""
+
+    def __init__(self, arrays: dict[str, Any]):
+        self.arrays = arrays
+        self._length = len(next(iter(arrays.values())))
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {key: value[index] for key, value in self.arrays.items()}
+
+    def __repr__(self) -> str:
+        return f"Rows({sorted(self.arrays)}, {self._length})"
+
+
+def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int,
+                   shard: tuple[int, int] | None = None) -> Any:
+    """A grain pipeline over in-memory `arrays` (`jaxmon train` with `data.loader: "grain"`):
+    this process's rows (`shard=(index, count)`), shuffled anew each epoch, in full batches,
+    built by `worker_count` worker processes (0: in this process)."""
+    try:
+        import grain
+    except ImportError:
+        raise ImportError("data.loader 'grain' needs grain: pip install 'jaxmon[grain]'.") from None
+    dataset = grain.MapDataset.source(_Rows(arrays))
+    if shard is not None:
+        index, count = shard
+        rows = len(dataset) // count  # equal parts: every process runs as many steps
+        dataset = dataset[index * rows:(index + 1) * rows]
+    dataset = dataset.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True).to_iter_dataset()
+    if worker_count:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return dataset
