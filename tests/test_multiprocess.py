@@ -6,7 +6,8 @@ and write at the same step. Three launches (JAX start-up costs seconds a process
 * the main launch runs several sessions one after another in the same two processes
   (training with summaries, checkpoints, a chief-only stop and a seconds-based trigger;
   a hook error on one process; a NaN in one process's data; the end of one process's
-  data) and ends with a session that process 1 gets SIGTERM in;
+  data; each process reading its own shard, uninterrupted, then stopped and resumed)
+  and ends with a session that process 1 gets SIGTERM in;
 * two more (run side by side) have process 1 die (`os._exit`) in the middle of
   training: without checkpoints, and just after starting an (async) checkpoint save.
 
