@@ -42,20 +42,6 @@ import jaxmon as jm
 from jaxmon.models import CNN
 
 
-class Rows(grain.sources.RandomAccessDataSource):
-    def __init__(self, arrays):
-        self.arrays = arrays
-
-    def __len__(self):
-        return len(self.arrays["y"])
-
-    def __getitem__(self, index):
-        return {key: value[index] for key, value in self.arrays.items()}
-
-    def __repr__(self):
-        return f"Rows(digits, {len(self)})"
-
-
 def workload(channels, features):
     train = jm.datasets.digits("train")
     model, tx = CNN(channels=channels, features=features, num_outputs=10), optax.adam(2e-3)
@@ -101,12 +87,11 @@ class Batches(grain.sources.RandomAccessDataSource):
 
 
 def pipeline(train, batch_size, workers, per_batch=False):
-    """Per row (the usual pipeline: a shuffled lookup per row, then batching), or per batch."""
-    if per_batch:
-        dataset = grain.MapDataset.source(Batches(train, batch_size)).to_iter_dataset()
-    else:
-        dataset = (grain.MapDataset.source(Rows(train)).shuffle(seed=0).repeat()
-                   .batch(batch_size, drop_remainder=True).to_iter_dataset())
+    """Per row (the usual pipeline, `jaxmon train`'s with `data.loader: grain`: a shuffled
+    lookup per row, then batching), or per batch."""
+    if not per_batch:
+        return jm._loaders.array_pipeline(train, batch_size, seed=0, worker_count=workers)
+    dataset = grain.MapDataset.source(Batches(train, batch_size)).to_iter_dataset()
     return dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)) if workers else dataset
 
 

@@ -55,15 +55,13 @@ class ArrayDataSource:
                              f"got lengths {lengths}.")
         self.shard = _shard(shard)
         index, count = self.shard or (0, 1)
-        rows = next(iter(lengths.values())) // count
+        self.num_rows = rows = next(iter(lengths.values())) // count
         self.arrays = arrays if count == 1 else {key: value[index * rows:(index + 1) * rows]
                                                  for key, value in arrays.items()}
-        lengths = {key: len(value) for key, value in self.arrays.items()}
         check_int("ArrayDataSource batch_size", batch_size, minimum=1)
         check_int("ArrayDataSource seed", seed)
         if num_epochs is not None:
             check_int("ArrayDataSource num_epochs", num_epochs, minimum=1)
-        self.num_rows = next(iter(lengths.values()))
         if drop_remainder and batch_size > self.num_rows:
             raise ValueError(f"ArrayDataSource batch_size={batch_size} is larger than the {self.num_rows} rows, so "
                              "every batch would be dropped; lower it or pass drop_remainder=False.")

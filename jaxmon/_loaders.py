@@ -164,20 +164,15 @@ class _Rows:
         return f"Rows({sorted(self.arrays)}, {self._length})"
 
 
-def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int,
-                   shard: tuple[int, int] | None = None) -> Any:
+def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int) -> Any:
     """A grain pipeline over in-memory `arrays` (`jaxmon train` with `data.loader: "grain"`):
-    this process's rows (`shard=(index, count)`), shuffled anew each epoch, in full batches,
-    built by `worker_count` worker processes (0: in this process)."""
+    the rows shuffled anew each epoch, in full batches, built by `worker_count` worker
+    processes (0: in this process)."""
     try:
         import grain
     except ImportError:
         raise ImportError("data.loader 'grain' needs grain: pip install 'jaxmon[grain]'.") from None
     dataset = grain.MapDataset.source(_Rows(arrays))
-    if shard is not None:
-        index, count = shard
-        rows = len(dataset) // count  # equal parts: every process runs as many steps
-        dataset = dataset[index * rows:(index + 1) * rows]
     dataset = dataset.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True).to_iter_dataset()
     if worker_count:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
