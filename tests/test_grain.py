@@ -83,9 +83,9 @@ def test_a_grain_run_killed_after_a_checkpoint_resumes_bit_identical(loader, uni
 
     _finish(_train(loader, directory, out))
     resumed, full = np.load(out), np.load(uninterrupted / f"{loader}.npz")
-    assert int(resumed["restored"]) >= 10
-    # The steps after the restored one saw exactly the rows of the uninterrupted run ...
     restored = int(resumed["restored"])
+    assert restored >= 10
+    # The steps after the restored one saw exactly the rows of the uninterrupted run ...
     np.testing.assert_array_equal(resumed["ids"], full["ids"][restored:])
     # ... and the parameters are bit-identical.
     assert resumed["w"].tobytes() == full["w"].tobytes()
