@@ -3,11 +3,18 @@
 Each process runs, interleaved for --rounds rounds, --steps steps of:
 - bare: a jitted data-parallel step on the 2-process mesh (global batch from each
   process's half, state donated, no host sync);
-- bare_allgather: the same plus one `process_allgather` of a 3-number vector per step
-  (what jaxmon's agreement does, alone);
-- session: `jm.MonitoredSession(mesh=...)` with StopAtStepHook (agreement after every run).
+- bare_allgather: the same plus one `process_allgather` of a small vector per step
+  (what one agreement costs, alone);
+- session: `jm.MonitoredSession(mesh=...)` with StopAtStepHook: the processes agree at
+  hooks' triggers and every `agree_every_n_steps` (16) only;
+- session_every_run: the same with `agree_every_n_steps=1` (an agreement after every
+  run, as before agreement points);
+- training: `jm.MonitoredTrainingSession` (default set: summaries and step counter every
+  100 steps, checkpoints every 600 s) + NanHook, with a fresh checkpoint directory.
+Every variant is built, compiled and warmed up (20 steps) outside its timed steps.
 Workload: the MLP of core_overhead.py (32-64-10, batch 128 split over the processes).
-Process 0 prints JSON: median us/step and ratios to bare.
+Process 0 prints JSON: median us/step, ratios to bare (of the medians, and the median
+of the per-round ratios).
 
 Run: .venv/bin/python benchmarks/agreement_cost.py [--steps 300] [--rounds 7]
 """
@@ -21,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -38,38 +46,62 @@ def worker(rank: int, address: str, steps: int, rounds: int) -> None:
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     local = {k: np.asarray(v)[rank::2] for k, v in batch.items()}
     placement = jm._sharding.Placement(mesh)
+    compiled = jax.jit(step_fn, donate_argnums=0)
 
-    def bare(n, allgather=False):
-        step = jax.jit(step_fn, donate_argnums=0)
-        state = placement.place_state(init_fn())
-        for _ in range(n):
-            state, _ = step(state, placement.place_batch(local))
-            if allgather:
-                multihost_utils.process_allgather(np.zeros(3))
-        return state
+    def bare(allgather=False):
+        state = [placement.place_state(init_fn())]
 
-    def session(n):
-        sess = jm.MonitoredSession(step_fn, init_fn, mesh=mesh, hooks=[jm.StopAtStepHook(last_step=10**9)])
-        for _ in range(n):
-            sess.run(local)
-        state = sess.state
-        sess.close()
-        return state
+        def run(n):
+            for _ in range(n):
+                state[0], _ = compiled(state[0], placement.place_batch(local))
+                if allgather:
+                    multihost_utils.process_allgather(np.zeros(7))
+            return state[0]
 
-    variants = {"bare": bare, "bare_allgather": lambda n: bare(n, True), "session": session}
+        return run, lambda: None
+
+    def session(make):
+        sess = make()
+
+        def run(n):
+            for _ in range(n):
+                sess.run(local)
+            return sess.state
+
+        return run, sess.close
+
+    def plain(every):
+        return session(lambda: jm.MonitoredSession(step_fn, init_fn, mesh=mesh, agree_every_n_steps=every,
+                                                   hooks=[jm.StopAtStepHook(last_step=10**9)]))
+
+    def training():
+        directory = tempfile.mkdtemp(prefix="agreement_cost_") if rank == 0 else None
+        directory = multihost_utils.broadcast_one_to_all(np.frombuffer(
+            (directory or "").encode().ljust(200, b"\0"), np.uint8))
+        directory = bytes(np.asarray(directory)).rstrip(b"\0").decode()
+        return session(lambda: jm.MonitoredTrainingSession(step_fn, init_fn, mesh=mesh, checkpoint_dir=directory,
+                                                           hooks=[jm.NanHook("loss")]))
+
+    variants = {"bare": bare, "bare_allgather": lambda: bare(True), "session": lambda: plain(16),
+                "session_every_run": lambda: plain(1), "training": training}
     times = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
-        for name in names[r % 3:] + names[:r % 3]:
-            jax.block_until_ready(variants[name](20))
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            run, close = variants[name]()
+            jax.block_until_ready(run(20))
             start = time.perf_counter()
-            jax.block_until_ready(variants[name](steps))
+            jax.block_until_ready(run(steps))
             times[name].append((time.perf_counter() - start) / steps * 1e6)
+            close()
     if rank == 0:
         medians = {k: statistics.median(v) for k, v in times.items()}
+        per_round = {k: statistics.median(t / b for t, b in zip(v, times["bare"], strict=True))
+                     for k, v in times.items()}
         print(json.dumps({"processes": 2, "steps": steps, "rounds": rounds,
                           "median_us_per_step": {k: round(v, 1) for k, v in medians.items()},
-                          "ratio_to_bare": {k: round(v / medians["bare"], 3) for k, v in medians.items()}},
+                          "ratio_to_bare": {k: round(v / medians["bare"], 3) for k, v in medians.items()},
+                          "median_ratio_per_round": {k: round(v, 3) for k, v in per_round.items()}},
                          indent=2), flush=True)
 
 

@@ -2,16 +2,32 @@
 
 With several processes, each step is one SPMD program: if one process stopped, saved
 or wrote at a step where another did not, the collectives of the two would no longer
-match and both would hang. So, after every run, the processes exchange a few numbers
-(one all-gather of a small vector) and act on them together: a stop that one of them
+match and both would hang. So the processes exchange a few numbers (one all-gather of
+a small vector) at agreement points and act on them together: a stop that one of them
 requested, the end of its data, an error it raised, and the chief's clock, which every
 seconds-based trigger then reads, so that "every 600 seconds" fires at one step on all.
+
+An agreement waits for the device (the all-gather runs there, after the queued steps),
+so the processes agree only where a host read happens anyway, or at a bounded cadence:
+after the run that ends at
+
+- a step where some hook of any process acts (its trigger fires), and the step before
+  it (so that the clock a hook reads there is one step old, as with every run agreed);
+- the run after an agreement that found a seconds-based trigger due on the chief's clock;
+- every multiple of `agree_every_n_steps`;
+- the last step for which some process still has a batch taken ahead.
+
+Between two agreement points no process waits for another: each knows the next one,
+and has its batches up to it taken ahead. A stop request made between them (a
+chief-only one, say) takes effect at the next.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -23,21 +39,45 @@ from jax.experimental import multihost_utils
 logger = logging.getLogger("jaxmon")
 
 _MESSAGE_BYTES = 512
+# How a step's collective fails when a peer died (CPU: gloo; GPU: NCCL; or JAX's heartbeat).
+_PEER_LOST = re.compile(r"Gloo .*failed|NCCL|Connection (?:closed|reset) by peer|heartbeat", re.IGNORECASE)
 
 
 class PeerError(RuntimeError):
     """Another JAX process of this run failed, or stopped answering; every process
-    raises it (the failing one raises its own error) at the same step."""
+    raises it (the failing one raises its own error) at the same step.
+
+    Attributes:
+      step: the step the failure belongs to: the failing error's own `.step` where it
+        has one (a `NanLossDuringTrainingError`'s first non-finite step), else the step
+        the processes stopped at; None when a peer stopped answering.
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class Decision(NamedTuple):
     stop: bool  # a process asked to stop (or its data ended): every process stops now
     stopped_by: tuple[int, ...]
-    failure: tuple[int, str] | None  # (process, error) of the first process that failed
+    failure: tuple[int, str, int] | None  # (process, error, its step) of the first process that failed
+    next: int  # the step after whose run the processes agree next
+
+
+class Plan(NamedTuple):
+    """What one process needs of the steps until the next agreement."""
+
+    event: float  # the step of its next run that calls a hook (<= the current step: the next run)
+    deadline: float  # the time, on the agreed clock, at which a sleeping hook of it wakes (inf: none)
+    batches: float  # how many batches it has taken ahead (inf: it is given its batches)
+
+
+_NO_PLAN = Plan(0, math.inf, math.inf)
 
 
 class Agreement:
-    """One all-gather per run of `[stop, failed, chief's clock]` across processes."""
+    """One all-gather of `[stop, failed, chief's clock, error step, plan]` across processes."""
 
     def __init__(self, clock: Any = time.monotonic):
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
@@ -50,9 +90,12 @@ class Agreement:
         every process until the next one)."""
         return self.time
 
-    def __call__(self, step: int, *, stop: bool, error: BaseException | None) -> Decision:
+    def __call__(self, step: int, *, stop: bool, error: BaseException | None, plan: Plan = _NO_PLAN,
+                 every: int = 1) -> Decision:
         chief_time = self._clock() if self.process_index == 0 else 0.0
-        flags = np.array([float(stop), float(error is not None), chief_time], np.float64)
+        error_step = getattr(error, "step", None)
+        error_step = error_step if isinstance(error_step, int) and not isinstance(error_step, bool) else step
+        flags = np.array([float(stop), float(error is not None), chief_time, error_step, *plan], np.float64)
         everyone = _gather(flags, step)
         self.rounds += 1
         self.time = float(everyone[0, 2])
@@ -62,9 +105,16 @@ class Agreement:
             text = "" if error is None else f"{type(error).__name__}: {error}"
             data = np.frombuffer(text.encode()[:_MESSAGE_BYTES].ljust(_MESSAGE_BYTES, b"\0"), np.uint8)
             messages = _gather(data, step)
-            failure = (failed[0], bytes(messages[failed[0]]).rstrip(b"\0").decode(errors="replace"))
-        stopped_by = tuple(int(i) for i in np.flatnonzero(everyone[:, 0]))
-        return Decision(bool(stopped_by) or bool(failed), stopped_by, failure)
+            message = bytes(messages[failed[0]]).rstrip(b"\0").decode(errors="replace")
+            failure = (failed[0], message, int(everyone[failed[0], 3]))
+        batches = everyone[:, 6]
+        stopped_by = tuple(int(i) for i in np.flatnonzero((everyone[:, 0] > 0) | (batches <= 0)))
+        event = float(everyone[:, 4].min())
+        if (everyone[:, 5] <= self.time).any():  # a seconds-based trigger is due: its hook acts next run
+            event = step + 1
+        next_step = min(event - 1 if event - 1 > step else event,  # the step before a trigger too
+                        (step // every + 1) * every, step + float(batches.min()))
+        return Decision(bool(stopped_by) or bool(failed), stopped_by, failure, int(max(step + 1, next_step)))
 
     def all(self, flag: bool, step: int) -> bool:
         """Whether `flag` is True on every process."""
@@ -79,58 +129,105 @@ class Agreement:
 
 
 class AgreedRuns:
-    """A session's runs when several JAX processes share the step: after each, every
-    process learns whether any of them asked to stop, ran out of data or failed in a
-    hook, and all act on it at this same step. The next batch is taken before
-    agreeing, so that the end of one process's data stops all of them.
+    """A session's runs when several JAX processes share the step: at each agreement
+    point (see the module's docstring), every process learns whether any of them asked
+    to stop, ran out of data or failed, and all act on it at this same step; between
+    agreement points, runs dispatch without any host sync.
 
     Args:
-      batches: the session's `BatchSource`.
+      batches: the session's `BatchSource`: at each agreement, every process takes
+        ahead the batches of the steps up to the next one at most, so that the end of
+        one process's data is known to all before any of them runs dry.
       hooks: the session's hooks: their timers read the agreed clock.
+      events: the session's `HookEvents`: when its hooks act next (`next_event`), and
+        their late results, delivered before agreeing.
       step: the session's step number now.
       stop_asked: whether this process asked to stop.
+      every_n_steps: agree at least at every multiple of this many steps.
     """
 
-    def __init__(self, batches: Any, hooks: Iterable[Any], *, step: Callable[[], int], stop_asked: Callable[[], bool]):
+    def __init__(self, batches: Any, hooks: Iterable[Any], events: Any, *, step: Callable[[], int],
+                 stop_asked: Callable[[], bool], every_n_steps: int):
         self._agreement = Agreement()
-        self._batches, self._step, self._stop_asked = batches, step, stop_asked
+        self._batches, self._events, self._step, self._stop_asked = batches, events, step, stop_asked
+        self.every_n_steps = every_n_steps
+        #: The step after whose run the processes agree next (None: before the first run).
+        self.next: int | None = None
         #: True once the processes agreed to stop.
         self.stopped = False
         #: True once another process stopped answering.
         self.peer_lost = False
-        self._data_ended = False
-        for hook in hooks:  # seconds-based triggers read the chief's clock, agreed each run
+        self._held: BaseException | None = None  # an error raised between agreement points
+        for hook in hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
             if hook.timer is not None:
                 hook.timer.use_clock(self._agreement.clock)
 
+    @property
+    def rounds(self) -> int:
+        """How many agreements this process took part in."""
+        return self._agreement.rounds
+
     def run(self, run_once: Callable[[Any], Any], batch: Any) -> Any:
-        """`run_once(batch)` (None: the next batch of data), then the agreement."""
-        from_data = batch is None and self._batches.has_data
-        if from_data:
+        """`run_once(batch)` (None: the next batch of data), then the agreement if its
+        step is an agreement point (before the first run, one more)."""
+        if self.next is None:
+            self._agree(None)
+            if self.stopped:
+                raise StopIteration("Every JAX process stops before its first run: one of them asked to stop "
+                                    "or has no data.")
+        if batch is None and self._batches.has_data:
             batch = self._batches.next_one()
         before, error, result = self._step(), None, None
         try:
             result = run_once(batch)
         except Exception as raised:
             if self._step() == before:  # the step never ran here: the others wait in it for this process
+                if _PEER_LOST.search(str(raised)):  # its collective failed: a peer died between agreements
+                    self.peer_lost = True
+                    lost = PeerError(f"A collective of step {before + 1} failed: another JAX process stopped "
+                                     f"answering (it probably died; its own log says why). This process stops too. "
+                                     f"({type(raised).__name__}: {str(raised)[:300]})")
+                    logger.error("%s", lost)
+                    raise lost from raised
                 raise
             error = raised  # after the step (a hook's after_run, e.g. a NaN): raised once all agree
-        if from_data and not self._batches.take_ahead():
-            self._data_ended = True
+        if self._step() < self.next:  # between agreement points: an error waits for the next one
+            self._held = self._held or error
+            return result
+        self._agree(error)
+        return result
+
+    def _agree(self, error: BaseException | None) -> None:
+        error, self._held = self._held or error, None
+        try:
+            self._events.deliver_late()  # late results (a NaN, a stop) count at this agreement
+        except Exception as raised:
+            error = error or raised
+        stop = isinstance(error, StopIteration)  # a hook's StopIteration: the end of data, a clean stop
+        error = None if stop else error
+        batches = math.inf
+        if self._batches.has_data:
+            try:
+                batches = self._batches.fill(self.every_n_steps)
+            except Exception as raised:  # the loader failed: every process stops, this one raises it
+                error = error or raised
         step = self._step()
-        decision = self._agreed(self._agreement, step, stop=self._stop_asked() or self._data_ended, error=error)
+        event, deadline = self._events.next_event()
+        decision = self._agreed(self._agreement, step, stop=stop or self._stop_asked(), error=error,
+                                plan=Plan(event, deadline, batches), every=self.every_n_steps)
+        self.next = decision.next
         if decision.failure is not None:
+            self.stopped = True
             if error is not None:
                 raise error
-            process, message = decision.failure
+            process, message, failed_step = decision.failure
             raise PeerError(f"JAX process {process} failed after step {step}: {message}. "
-                            f"Every process of the run stops at this step.")
+                            f"Every process of the run stops at this step.", step=failed_step)
         if decision.stop and not self.stopped:
             self.stopped = True
             if len(decision.stopped_by) < self._agreement.process_count:  # not a stop all of them took
-                logger.info("Process(es) %s asked to stop (or ran out of data) at step %d: every process "
-                            "stops.", list(decision.stopped_by), step)
-        return result
+                logger.info("Process(es) %s asked to stop (or ran out of data) by step %d: every process "
+                            "stops there.", list(decision.stopped_by), step)
 
     def all(self, flag: bool) -> bool:
         """Whether `flag` holds on every process (every process calls it at one point)."""

@@ -20,9 +20,10 @@ logger = logging.getLogger("jaxmon")
 class BatchSource:
     """The session's `data`: the batches of each run, and the position before them.
 
-    Batches taken ahead (for a multi-step run cut short, or to learn early that the
-    data ended) wait in a buffer with the data position before each, so that a
-    checkpoint records the position of the first batch not yet run.
+    Batches taken ahead (for a multi-step run cut short, to learn early that the data
+    ended, or up to the next agreement of several processes) wait in a buffer with the
+    data position before each, so that a checkpoint records the position of the first
+    batch not yet run.
 
     Args:
       data: an iterable of batches, or None (every run is given its batch); its
@@ -57,7 +58,7 @@ class BatchSource:
         self._run_limit = run_limit
         positions = getattr(self._data, "get_state", None)
         self._positions: Callable[[], Any] | None = positions if callable(positions) else None
-        self._buffer: collections.deque = collections.deque()  # (batch, data position before it)
+        self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
         #: True once a restore set the data back: a batch in hand is past that position.
         self.rewound = False
@@ -82,7 +83,8 @@ class BatchSource:
         length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
         if len(self._buffer) < length:
             if self._positions is None:  # no position to keep with each: take them in one go
-                self._buffer.extend((batch, None) for batch in itertools.islice(self._data, length - len(self._buffer)))
+                self._buffer.extend([batch, None, False]
+                                    for batch in itertools.islice(self._data, length - len(self._buffer)))
             while len(self._buffer) < length and self.take_ahead():
                 pass
             if len(self._buffer) < length:  # the data ended: what is left, in powers of two
@@ -95,11 +97,24 @@ class BatchSource:
     def next_one(self) -> Any:
         """The next single batch, the one taken ahead first if there is one."""
         if self._buffer:
-            return self._buffer.popleft()[0]
+            batch = self._buffer.popleft()[0]
+            self._send()
+            return batch
         if self._deferred is not None:
             error, self._deferred = self._deferred, None
             raise error
         return self._take()
+
+    def fill(self, count: int) -> int:
+        """Takes batches ahead until `count` wait (the first `prefetch` of them sent to the
+        device, the rest kept on the host), or the data ends; returns how many wait. An
+        error of the data other than its end is raised now."""
+        while len(self._buffer) < count and self._deferred is None:
+            try:
+                self._take_ahead()
+            except StopIteration as end:
+                self._deferred = end
+        return len(self._buffer)
 
     def take_ahead(self) -> bool:
         """Takes the next batch ahead; False when the data has ended."""
@@ -111,16 +126,24 @@ class BatchSource:
 
     def _take_ahead(self) -> None:
         position = self._get_state()
-        self._buffer.append((self._take(), position))
+        self._buffer.append([next(self._data), position, False])  # [batch, position before it, sent]
+        self._send()
+
+    def _send(self) -> None:
+        """Sends the first `prefetch` batches waiting to the device, as they move up."""
+        for item in itertools.islice(self._buffer, self._prefetch):
+            if not item[2]:
+                item[0], item[2] = self._sent(item[0]), True
 
     def _take(self) -> Any:
         """The data's next batch; with `prefetch`, its host arrays on their way to the device."""
         batch = next(self._data)
-        if self._prefetch:
-            if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
-                batch = self._put(batch)
-            elif not self._buffer:  # data already on the device: nothing to gain from taking it ahead
-                self._prefetch = 0
+        return self._sent(batch) if self._prefetch else batch
+
+    def _sent(self, batch: Any) -> Any:
+        if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
+            return self._put(batch)
+        self._prefetch = 0  # data already on the device: nothing to gain from taking it ahead
         return batch
 
     def _get_state(self) -> Any:

@@ -51,18 +51,16 @@ class HookEvents:
     Args:
       hooks: the session's hooks.
       request_stop: called when a hook's `after_run` asked to stop.
-      quiet_runs: whether a run that every hook sleeps through may skip the events (one
-        process: several take part in every run's agreement).
     """
 
-    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None], quiet_runs: bool = True):
+    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None]):
         self.hooks = _check_hooks(() if hooks is None else hooks)
         # (hook, whether it has a before_run, whether it has an after_run, whether it sleeps
         # between triggers): a run calls no event that does nothing on it.
         self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), _sleeps(hook)) for hook in self.hooks]
         self._wake = [_AWAKE] * len(self._calls)  # (step, clock, time) a sleeping hook's next call must reach
         # Runs that end before this step, while every clock is before its time, call no hook.
-        self._quiet_step, self._deadlines, self._quiet_runs = 0, [], quiet_runs
+        self._quiet_step, self._deadlines = 0, []
         self._request_stop = request_stop
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
@@ -142,6 +140,12 @@ class HookEvents:
                 return False
         return True
 
+    def next_event(self) -> tuple[float, float]:
+        """`(step, time)`: the step of the next run that calls a hook (at most the current
+        step: the next run; inf: none), and the earliest time on its clock at which a
+        sleeping hook wakes (inf: none). Several processes agree on these."""
+        return self._quiet_step, min((deadline for _, deadline in self._deadlines), default=math.inf)
+
     def before_run(self, ctx: RunContext) -> Requests:
         requests = Requests()
         next_step = ctx.step + ctx.steps
@@ -201,7 +205,7 @@ class HookEvents:
     def _settle(self, step: int) -> None:
         """After a run's events: until which step (and time) every hook sleeps, so that
         the runs before it are quiet (see `quiet`)."""
-        quiet, deadlines = math.inf if self._quiet_runs else 0, []
+        quiet, deadlines = math.inf, []
         for i, (hook, before, after, idle) in enumerate(self._calls):
             if not idle:
                 if before or after:

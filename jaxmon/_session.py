@@ -39,52 +39,50 @@ class MonitoredSession:
     every `after_run`. A run in which nobody reads anything never waits for the device.
 
     Args:
-      step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable;
-        `outputs` is a dict of arrays (loss, metrics). Do not jit it yourself.
-      init_fn: `init_fn() -> state`, called at creation and to re-create the state
-        after a recoverable error. Give exactly one of `init_fn` and `state`.
+      step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable; `outputs` is a dict of arrays
+        (loss, metrics). Do not jit it yourself.
+      init_fn: `init_fn() -> state`, called at creation and to re-create the state after a recoverable error. Give
+        exactly one of `init_fn` and `state`.
       state: the initial state itself (it is donated to the first step).
       data: an iterable of batches; `run()` without a batch takes the next one; its end ends the session.
       hooks: `Hook` instances, called in list order.
       donate_state: donate the state's buffers to the step (a previous state's arrays die).
       initial_step: the step number a hand-restored initial state has completed.
-      max_recoveries: how many times one `run()` (or the creation) re-creates the
-        state and retries after `AbortedError`/`UnavailableError` (TF: forever).
-      checkpoint_dir: restore the latest checkpoint here (state, step, data position,
-        hooks' own state) at creation and after a recoverable error, else call
-        `init_fn`; a broken latest checkpoint is reported and the one before it used.
-        Default: the `checkpoint_dir` of the first hook that has one.
-      warm_start: on the fresh-init path only: a checkpoint (a run's or one step's
-        directory) whose leaves replace the fresh state's where path, shape and dtype
-        match (`warm_start_report` says which), or a function `state -> state`. In a
-        state with `params` (`jm.TrainState`), `opt_state`, `step` and `rng` start
-        fresh, as in TF's warm start.
+      max_recoveries: how many times one `run()` (or the creation) re-creates the state and retries after
+        `AbortedError`/`UnavailableError` (TF: forever).
+      checkpoint_dir: restore the latest checkpoint here (state, step, data position, hooks' own state) at creation
+        and after a recoverable error, else call `init_fn`; a broken latest checkpoint is reported and the one before
+        it used. Default: the `checkpoint_dir` of the first hook that has one.
+      warm_start: on the fresh-init path only: a checkpoint (a run's or one step's directory) whose leaves replace the
+        fresh state's where path, shape and dtype match (`warm_start_report` says which), or a function `state ->
+        state`. In a state with `params` (`jm.TrainState`), `opt_state`, `step` and `rng` start fresh, as in TF's warm
+        start.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
-      handle_sigterm: on SIGTERM, or Ctrl-C inside `with` (main thread), save at the next step boundary
-        and stop (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at once. Several
-        processes: JAX's preemption service agrees on the SIGTERM step.
-      mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with
-        `state_sharding` (donated still); each batch is assembled with `batch_sharding`
-        from this process's part (`jax.make_array_from_process_local_data`).
+      handle_sigterm: on SIGTERM, or Ctrl-C inside `with` (main thread), save at the next step boundary and stop
+        (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at once. Several processes: JAX's preemption
+        service agrees on the SIGTERM step.
+      mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with `state_sharding` (donated still); each
+        batch is assembled with `batch_sharding` from this process's part (`jax.make_array_from_process_local_data`).
         Checkpoints restore onto the current mesh, whatever mesh saved them.
-      state_sharding: None (replicated), a `PartitionSpec` for every leaf, a pytree of
-        them that is a prefix of the state (`{"params": P(), "opt": P()}`), or a
-        function `abstract_state -> such a pytree`.
-      batch_sharding: the same for batches; None shards the leading axis of every
-        batch array over all the mesh's axes and replicates scalars. With several
-        processes, fetched values must be replicated (a loss and metrics are).
-      steps_per_dispatch: run up to this many steps per `run()` in one dispatch (`jax.lax.scan`
-        over batches from `data`, or a list given to `run()`), cut so that every step-based trigger
-        (a hook's `steps_to_next_trigger`) ends a run on its exact step. Run lengths are powers of
-        two: log2(k) + 1 programs per fetch set, compiled in the background when the set first runs,
-        so that no shorter run stalls later. Hooks see one `before_run` / `after_run` per run
-        (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
+      state_sharding: None (replicated), a `PartitionSpec` for every leaf, a pytree of them that is a prefix of the
+        state (`{"params": P(), "opt": P()}`), or a function `abstract_state -> such a pytree`.
+      batch_sharding: the same for batches; None shards the leading axis of every batch array over all the mesh's axes
+        and replicates scalars. With several processes, fetched values must be replicated (a loss and metrics are).
+      steps_per_dispatch: run up to this many steps per `run()` in one dispatch (`jax.lax.scan` over batches from
+        `data`, or a list given to `run()`), cut so that every step-based trigger (a hook's `steps_to_next_trigger`)
+        ends a run on its exact step. Run lengths are powers of two: log2(k) + 1 programs per fetch set, compiled in
+        the background when the set first runs, so that no shorter run stalls later. Hooks see one `before_run` /
+        `after_run` per run (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
         triggers fire at run ends. One process, no mesh.
-      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto": 16 on
-        several CPU devices (XLA aborts when ~50 programs with collectives queue up there), else None.
-      prefetch: with one step per run, how many batches of `data` are taken ahead and sent to the
-        device (with a mesh: this process's part, with the batch sharding) while steps run (0: none).
+      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto": 16 on several CPU devices
+        (XLA aborts when ~50 programs with collectives queue up there), else None.
+      prefetch: with one step per run, how many batches of `data` are taken ahead and sent to the device (with a mesh:
+        this process's part, with the batch sharding) while steps run (0: none).
+      agree_every_n_steps: with several JAX processes, the longest stretch of steps between two agreements
+        (`jm.PeerError`): they agree where some hook of any process acts and at every multiple of this, never in
+        between. A stop request takes effect at the next agreement; each process keeps up to this many batches of
+        `data` taken ahead on the host.
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -107,11 +105,11 @@ class MonitoredSession:
                  config: Mapping[str, Any] | None = None, stop_grace_period_secs: float = 120,
                  handle_sigterm: bool = True, mesh: jax.sharding.Mesh | None = None, state_sharding: Any = None,
                  batch_sharding: Any = None, max_dispatch_ahead: int | None | str = "auto",
-                 steps_per_dispatch: int = 1, prefetch: int = 2):
+                 steps_per_dispatch: int = 1, prefetch: int = 2, agree_every_n_steps: int = 16):
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                         state_sharding, batch_sharding, steps_per_dispatch, prefetch)
+                         state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        self._events = HookEvents(hooks, request_stop=self.request_stop, quiet_runs=jax.process_count() == 1)
+        self._events = HookEvents(hooks, request_stop=self.request_stop)
         self._monitors = Monitors(self.hooks, on_read=self._events.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, monitors=self._monitors,
                                   max_dispatch_ahead=max_dispatch_ahead, steps_per_dispatch=steps_per_dispatch)
@@ -127,7 +125,8 @@ class MonitoredSession:
         self._state, self._step = None, initial_step
         self._stop_requested = self._closed = False
         self._agreed = None if jax.process_count() == 1 else _agree.AgreedRuns(
-            self._batches, self.hooks, step=lambda: self._step, stop_asked=lambda: self._stop_requested)
+            self._batches, self.hooks, self._events, step=lambda: self._step,
+            stop_asked=lambda: self._stop_requested, every_n_steps=agree_every_n_steps)
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=self._agreed is not None)
         try:
             self._events.begin(initial_step)
@@ -181,6 +180,7 @@ class MonitoredSession:
         if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
             self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
             self._step += length
+            self._stop_requested |= self._preemption.after_run(self._step)  # several processes: JAX's sync point
             self._events.deliver_late()  # the run before's, if it asked
             return outputs
         ctx = RunContext(self._step, self, RunArgs(fetches, given), steps=length)
@@ -341,7 +341,7 @@ def _check_can_run(closed: bool, stopped: bool) -> None:
 
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                     state_sharding, batch_sharding, steps_per_dispatch, prefetch) -> None:
+                     state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps) -> None:
     """The checks of `MonitoredSession`'s arguments that need no state."""
     if (init_fn is None) == (state is None):
         raise ValueError(
@@ -364,6 +364,7 @@ def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_pe
                          f"mesh=jax.make_mesh(({jax.device_count()},), ('data',)).")
     _errors.check_int("steps_per_dispatch", steps_per_dispatch, minimum=1)
     _errors.check_int("prefetch", prefetch)
+    _errors.check_int("agree_every_n_steps", agree_every_n_steps, minimum=1)
     if steps_per_dispatch > 1 and (mesh is not None or jax.process_count() > 1):
         raise ValueError(f"steps_per_dispatch={steps_per_dispatch} works on one process without mesh= for now; "
                          "use steps_per_dispatch=1 with a mesh or several processes.")

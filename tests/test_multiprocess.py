@@ -168,8 +168,91 @@ WORKER = textwrap.dedent('''
         def set_state(self, state):
             self.source.set_state(state)
 
+    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, extra=None):
+        """The default set with NanHook, agreeing every 8 steps: no hook of either process
+        acts between step 1 and step 100. `chief_stop_at`: the chief's loop asks to stop
+        after that step (no hook's trigger); `die_at`: process 1 dies after that step."""
+        result = {"scenario": name, "process": pid}
+        sess = None
+        try:
+            with jm.MonitoredTrainingSession(
+                    step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=os.path.join(workdir, name),
+                    hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=1000)],
+                    chief_only_hooks=list(chief_only_hooks), agree_every_n_steps=8) as sess:
+                while not sess.should_stop():
+                    sess.run()
+                    if pid == 0 and sess.step == chief_stop_at:
+                        sess.request_stop()
+                    if pid == 1 and sess.step == die_at:
+                        print(f"DYING at {sess.step}", flush=True)
+                        os._exit(3)
+            result["ok"] = True
+        except Exception as error:
+            result.update(ok=False, error_type=type(error).__name__, error=str(error),
+                          error_step=getattr(error, "step", None))
+        if sess is not None:
+            result.update(step=sess.step, agreements=sess._agreed.rounds)
+            if not sess.state["params"]["w"].is_deleted():  # a step that failed consumed its (donated) state
+                result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
+        result.update(extra or {})
+        print("RESULT " + json.dumps(result), flush=True)
+
+    def slow():
+        """A step of tens of milliseconds with a collective (the mean of a batch sharded over
+        both processes): one step's time, alone, against dispatching 5 runs of the default
+        set + LoggingHook + NanHook between agreement points."""
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        size, count = 384, 30
+
+        def slow_step(state, batch):
+            x = jax.lax.fori_loop(0, count, lambda i, x: jnp.tanh(x @ x), state)
+            return x, {"loss": x[0, 0] + jnp.mean(batch["x"])}
+
+        local = {"x": np.ones((2,), np.float32)}
+        one = jax.jit(slow_step)
+        state = jax.device_put(np.eye(size, dtype=np.float32) * 0.5, NamedSharding(mesh, P()))
+        batch = {"x": jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local["x"])}
+        jax.block_until_ready(one(state, batch))
+        one_step = []
+        for _ in range(3):
+            start = time.perf_counter()
+            jax.block_until_ready(one(state, batch))
+            one_step.append(time.perf_counter() - start)
+        with jm.MonitoredTrainingSession(
+                slow_step, lambda: jnp.eye(size, dtype=jnp.float32) * 0.5, data=iter(lambda: local, None),
+                mesh=mesh, checkpoint_dir=os.path.join(workdir, "slow"), agree_every_n_steps=16,
+                hooks=[jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss"),
+                       jm.StopAtStepHook(last_step=14)]) as sess:
+            for _ in range(3):  # step 1 is a trigger (summaries, the first log line, the first read)
+                sess.run()
+            jax.block_until_ready(sess.state)
+            compiled, agreements = sess.compile_count, sess._agreed.rounds
+            start = time.perf_counter()
+            for _ in range(5):  # steps 4 to 8: no hook of either process acts before step 100; agreements at 13, 14
+                sess.run()
+            dispatch_five = time.perf_counter() - start
+            jax.block_until_ready(sess.state)
+            result = {"scenario": "slow", "process": pid, "one_step": one_step, "dispatch_five": dispatch_five,
+                      "compiled": sess.compile_count - compiled, "agreements": sess._agreed.rounds - agreements}
+            while not sess.should_stop():
+                sess.run()
+        result["step"] = sess.step
+        print("RESULT " + json.dumps(result), flush=True)
+
     for scenario in scenarios:
-        if scenario.startswith("shards"):  # full: to step 12; half: to 6, then resume: to 12 from its checkpoint
+        if scenario == "slow":
+            slow()
+        elif scenario == "stop_loop13":  # the chief's own loop asks to stop after step 13
+            quiet(scenario, batches(), chief_stop_at=13)
+        elif scenario == "stop_hook13":  # a chief-only hook asks to stop at its trigger, step 13
+            quiet(scenario, batches(), chief_only_hooks=[jm.StopAtStepHook(last_step=13)])
+        elif scenario == "eod21":  # process 1 has 21 batches, process 0 endless
+            quiet(scenario, batches(end_after=21 if pid == 1 else None))
+        elif scenario == "die_quiet":  # process 1 dies after step 5, between agreement points
+            quiet(scenario, batches(), die_at=5)
+        elif scenario == "nan37":  # batch 36 (step 37) of process 1 is NaN
+            quiet(scenario, batches(nan_at=36 if pid == 1 else None))
+        elif scenario.startswith("shards"):  # full: to step 12; half: to 6, then resume: to 12 from its checkpoint
             seen = Seen()
             last_step = 6 if scenario == "shards_half" else 12
             train(scenario, seen, last_step=last_step, extra={"ids": seen.ids},
@@ -275,7 +358,8 @@ def main_run(tmp_path_factory):
     """The main launch: seven sessions in the same two processes, then SIGTERM to process
     1 in an eighth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
     the last exit)."""
-    scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "sigterm"]
+    scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "stop_loop13",
+                 "stop_hook13", "eod21", "nan37", "slow", "sigterm"]
     workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
@@ -408,18 +492,99 @@ def test_sigterm_to_the_non_chief_saves_one_step_on_both_and_exits_cleanly(main_
     assert all("WORKER DONE" in main_run.lines[i] for i in range(2))
 
 
+# -- agreement points: no host sync between them -------------------------------------------------
+
+
+def reference_w(steps: int) -> np.ndarray:
+    """The workers' `w` after `steps` steps of SGD on the global batches of `batches()`
+    (process 0's 4 rows, then process 1's), computed here in NumPy."""
+    rngs = [np.random.default_rng(p) for p in range(2)]
+    w = np.full((4,), 0.1, np.float64)
+    for _ in range(steps):
+        parts = [(rng.normal(size=(4, 4)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)) for rng in rngs]
+        x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        w = w - 0.1 * 2 * x.T @ (x @ w - y) / len(y)
+    return w
+
+
+def test_a_stop_request_between_agreement_points_stops_both_at_the_next_one(main_run):
+    # agree_every_n_steps=8; the chief's loop asks to stop after step 13, which no hook's
+    # trigger marks: both stop at 16, the next multiple of 8.
+    p0, p1 = both(main_run, "stop_loop13")
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    assert p0["step"] == p1["step"] == 16
+    assert p0["w"] == p1["w"]
+    # Agreements: before the first run, after step 1 (the summaries' and NanHook's first
+    # trigger), after 8 and 16; none at the steps between.
+    assert p0["agreements"] == p1["agreements"] == 4, (p0, p1)
+    assert jm.latest_checkpoint_step(main_run.workdir / "stop_loop13") == 16
+    np.testing.assert_allclose(p0["w"], reference_w(16), rtol=1e-5)
+
+
+def test_a_chief_only_hook_stops_both_at_its_own_trigger_step(main_run):
+    # A chief-only StopAtStepHook(last_step=13): its step-based trigger is known to every
+    # process at the agreement before it, so both stop at 13 exactly (agreements after 12 and 13).
+    p0, p1 = both(main_run, "stop_hook13")
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    assert p0["step"] == p1["step"] == 13
+    assert p0["agreements"] == p1["agreements"] == 5, (p0, p1)  # before 1; after 1, 8, 12, 13
+    assert jm.latest_checkpoint_step(main_run.workdir / "stop_hook13") == 13
+    np.testing.assert_allclose(p0["w"], reference_w(13), rtol=1e-5)
+
+
+def test_end_of_data_on_one_process_between_agreement_points_stops_both_with_nothing_lost(main_run):
+    # Process 1 has 21 batches; at the agreement after step 16 it has 5 taken ahead, so
+    # both agree again after step 21 and stop there: every batch of process 1 ran, once.
+    p0, p1 = both(main_run, "eod21")
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    assert p0["step"] == p1["step"] == 21
+    assert p0["agreements"] == p1["agreements"] == 5, (p0, p1)  # before 1; after 1, 8, 16, 21
+    np.testing.assert_allclose(p0["w"], reference_w(21), rtol=1e-5)
+    assert not np.allclose(reference_w(20), reference_w(21), rtol=1e-3)  # one batch more or less shows
+    run = main_run.workdir / "eod21"
+    assert jm.latest_checkpoint_step(run) == 21
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+
+
+def test_a_nan_between_agreement_points_raises_on_both_with_its_exact_step(main_run):
+    # Process 1's batch of step 37 is NaN (so is the global loss). NanHook's check runs on
+    # the device; the read that sees it (NanHook's and the summaries' trigger at step 101)
+    # is an agreement point: both raise there, naming step 37.
+    p0, p1 = both(main_run, "nan37")
+    for result in (p0, p1):
+        assert result["error_type"] == "NanLossDuringTrainingError", result
+        assert result["error_step"] == 37 and "at step 37" in result["error"], result
+    assert p0["step"] == p1["step"] == 101
+    run = main_run.workdir / "nan37"
+    assert jm.latest_checkpoint_step(run) < 37  # the save at close refused the NaN state
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    assert np.isfinite(np.asarray(restored.state["params"]["w"])).all()
+
+
+def test_runs_between_agreement_points_dispatch_without_waiting_on_two_processes(main_run):
+    # A step of tens of milliseconds whose loss is a collective over both processes' rows;
+    # the default set + LoggingHook + NanHook: 5 runs between agreement points dispatch in
+    # less than one step executes, compile nothing and agree nothing.
+    for result in both(main_run, "slow"):
+        assert result["compiled"] == 0 and result["agreements"] == 0, result
+        assert result["dispatch_five"] < min(result["one_step"]), result
+        assert result["step"] == 14
+
+
 # JAX declares a silent peer dead after `heartbeat_timeout_seconds` (default 100 s) and
 # then aborts the survivors; the launches where a process dies shorten it to keep the
 # test short (jm.distributed.initialize passes it on to jax.distributed.initialize).
 HEARTBEAT_SECS = 10
-DIE_STEP = {"die_no_checkpoints": 6, "die": 5}
+DIE_STEP = {"die_no_checkpoints": 6, "die": 5, "die_quiet": 5}
 
 
 @pytest.fixture(scope="module")
 def die_runs(tmp_path_factory):
-    """Two launches at once, in each of which process 1 dies (`os._exit(3)` in a hook):
-    one without checkpoints, one just after starting the (async, collective) save of
-    that step. Gives {scenario: (workers, when process 1 died, [rc of 0, rc of 1])}."""
+    """Three launches at once, in each of which process 1 dies (`os._exit(3)`): in a hook,
+    without checkpoints; in a hook, just after starting the (async, collective) save of
+    that step; in its loop between agreement points. Gives {scenario: (workers, when
+    process 1 died, [rc of 0, rc of 1])}."""
     launches = {scenario: Workers(tmp_path_factory.mktemp(scenario), [scenario], str(HEARTBEAT_SECS))
                 for scenario in DIE_STEP}
     try:
@@ -439,7 +604,7 @@ def die_runs(tmp_path_factory):
             workers.kill()
 
 
-@pytest.mark.parametrize("scenario", list(DIE_STEP))
+@pytest.mark.parametrize("scenario", ["die_no_checkpoints", "die"])
 def test_a_dead_process_makes_the_other_fail_fast_with_a_clear_error(die_runs, scenario):
     workers, died, rcs = die_runs[scenario]
     output = workers.output(0)
@@ -454,6 +619,23 @@ def test_a_dead_process_makes_the_other_fail_fast_with_a_clear_error(die_runs, s
     assert reported - died < 5, reported - died
     # ... and is not left hanging: it ends (JAX aborts it at its shutdown barrier, rc -6,
     # once the heartbeat timeout declares the peer dead: known and accepted).
+    assert rcs[0] in (0, -signal.SIGABRT), (rcs, output)
+    assert workers.eof_time[0] - died < 30, workers.eof_time[0] - died
+
+
+def test_a_process_dying_between_agreement_points_makes_the_other_fail_fast_with_a_clear_error(die_runs):
+    # Process 1 dies after step 5; the next agreement point is 8. A step's collective
+    # fails on the survivor (the peer is gone), and the session raises PeerError at once,
+    # at the latest at that agreement point.
+    workers, died, rcs = die_runs["die_quiet"]
+    output = workers.output(0)
+    assert rcs[1] == 3
+    result = workers.results(0).get("die_quiet")
+    assert result is not None, f"process 0 printed no result; its output:\n{output}"
+    assert result["error_type"] == "PeerError" and 5 <= result["step"] <= 8, result
+    assert "stopped answering" in result["error"] and "died" in result["error"], result
+    reported = workers.wait_for_line(0, lambda line: line.startswith("RESULT "), timeout=1)
+    assert reported - died < 5, reported - died
     assert rcs[0] in (0, -signal.SIGABRT), (rcs, output)
     assert workers.eof_time[0] - died < 30, workers.eof_time[0] - died
 
