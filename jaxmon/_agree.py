@@ -19,7 +19,10 @@ after the run that ends at
 
 Between two agreement points no process waits for another: each knows the next one,
 and has its batches up to it taken ahead. A stop request made between them (a
-chief-only one, say) takes effect at the next.
+chief-only one, say) takes effect at the next. A process that dies between them makes
+the others raise `PeerError` when a step's collective fails for it (at once on CPU,
+where gloo reports the closed connection), at the latest at the next agreement; where
+a collective hangs instead, JAX's heartbeat timeout aborts the survivors.
 """
 
 from __future__ import annotations
