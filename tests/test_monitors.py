@@ -455,6 +455,26 @@ def test_runs_that_every_hook_sleeps_through_call_no_hook_and_every_trigger_stil
     assert calls == [1, 51, 100, 101, 151, 200, 201, 237], calls
 
 
+def test_periodic_and_eval_hooks_sleep_between_their_triggers_and_fire_on_the_same_steps():
+    clock = FakeClock()
+    periodic, evaluated = [], []
+    hooks = [jm.PeriodicHook(lambda session: periodic.append(session.step), every_n_steps=10),
+             jm.PeriodicHook(lambda session: periodic.append(-session.step), every_n_secs=7, clock=clock),
+             jm.EvalHook(lambda state, batch: {"n": state["n"]}, data=[{}], every_n_steps=12, at_end=False)]
+    sess = jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=hooks)
+    hooks[2].evaluate = lambda session: evaluated.append(session.step)
+    calls = count_calls(sess)
+    with sess:
+        for _ in range(25):
+            clock.t += 1.0
+            sess.run()
+    # Every 10 steps (from the first run), every 7 s (a step a second), every 12 steps
+    # (from the creation), as when called on every run; the other runs call no hook.
+    assert [s for s in periodic if s > 0] == [1, 11, 21] and [-s for s in periodic if s < 0] == [1, 8, 15, 22]
+    assert evaluated == [12, 24]
+    assert calls == [1, 8, 11, 12, 15, 21, 22, 24], calls
+
+
 def _finite_step(state, batch):
     n = state["n"] + 1
     loss = n.astype(jnp.float32)

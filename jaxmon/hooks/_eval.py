@@ -55,6 +55,8 @@ class EvalHook(Hook):
       >>> hook = jm.EvalHook(eval_fn, data=[{"x": [1.0], "y": [2.0]}], every_n_steps=1000)
     """
 
+    idle_between_triggers = True  # it evaluates only when its timer is due
+
     def __init__(self, eval_fn: Callable[[Any, Any], dict[str, Any]], data: Iterable[Any] | Callable[[], Iterable],
                  every_n_steps: int | None = None, every_n_secs: float | None = None, summary_writer: Any = None,
                  *, output_dir: str | os.PathLike | None = None, prefix: str = "eval", at_end: bool = True,

@@ -22,6 +22,8 @@ class PeriodicHook(Hook):
       >>> hook = jm.PeriodicHook(lambda session: print(session.step), every_n_steps=1000)
     """
 
+    idle_between_triggers = True  # it acts only when its timer is due
+
     def __init__(self, fn: Callable[[Any], None], every_n_steps: int | None = None,
                  every_n_secs: float | None = None, *, at_end: bool = False, on_error: str = "raise",
                  clock: Callable[[], float] = time.monotonic):
