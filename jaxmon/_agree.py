@@ -161,6 +161,7 @@ class AgreedRuns:
         #: True once another process stopped answering.
         self.peer_lost = False
         self._held: BaseException | None = None  # an error raised between agreement points
+        self._agreed_at: int | None = None  # the step of the last agreement
         for hook in hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
             if hook.timer is not None:
                 hook.timer.use_clock(self._agreement.clock)
@@ -200,8 +201,14 @@ class AgreedRuns:
         self._agree(error)
         return result
 
-    def _agree(self, error: BaseException | None) -> None:
-        error, self._held = self._held or error, None
+    def close(self) -> None:
+        """At a clean close, one more agreement unless the last run was an agreement point,
+        so that an error held since then is raised (and a `PeerError` on the others)."""
+        if self.next is not None and self._step() != self._agreed_at:
+            self._agree(None, closing=True)
+
+    def _agree(self, error: BaseException | None, closing: bool = False) -> None:
+        error, self._held, self._agreed_at = self._held or error, None, self._step()
         try:
             self._events.deliver_late()  # late results (a NaN, a stop) count at this agreement
         except Exception as raised:
@@ -209,7 +216,7 @@ class AgreedRuns:
         stop = isinstance(error, StopIteration)  # a hook's StopIteration: the end of data, a clean stop
         error = None if stop else error
         batches = math.inf
-        if self._batches.has_data:
+        if self._batches.has_data and not closing:
             try:
                 batches = self._batches.fill(self.every_n_steps)
             except Exception as raised:  # the loader failed: every process stops, this one raises it

@@ -122,11 +122,9 @@ class MonitoredSession:
                                    hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
         self.restored_step: int | None = None  # the checkpoint's step the session was created from
         self.warm_start_report: WarmStartReport | None = None  # what warm_start took
-        self._state, self._step = None, initial_step
-        self._stop_requested = self._closed = False
-        self._agreed = None if jax.process_count() == 1 else _agree.AgreedRuns(
-            self._batches, self.hooks, self._events, step=lambda: self._step,
-            stop_asked=lambda: self._stop_requested, every_n_steps=agree_every_n_steps)
+        self._state, self._step, self._stop_requested, self._closed = None, initial_step, False, False
+        self._agreed = None if jax.process_count() == 1 else _agree.AgreedRuns(self._batches, self.hooks, self._events,
+            step=lambda: self._step, stop_asked=lambda: self._stop_requested, every_n_steps=agree_every_n_steps)
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=self._agreed is not None)
         try:
             self._events.begin(initial_step)
@@ -254,7 +252,8 @@ class MonitoredSession:
         return stop or self._preemption.requested or self._closed
 
     def request_stop(self) -> None:
-        """Asks the loop to stop; `should_stop()` is True from now on."""
+        """Asks the loop to stop; `should_stop()` is True from now on (several JAX processes: from the
+        next agreement point on, where all stop; see `agree_every_n_steps`)."""
         self._stop_requested = True
 
     @property
@@ -277,6 +276,7 @@ class MonitoredSession:
         self._preemption.uninstall()
         try:
             if clean:
+                self._agreed and self._agreed.close()  # several processes: an error held since the last agreement
                 self.sync()
                 self._events.end(self)
             else:

@@ -168,10 +168,11 @@ WORKER = textwrap.dedent('''
         def set_state(self, state):
             self.source.set_state(state)
 
-    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, extra=None):
+    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0, extra=None):
         """The default set with NanHook, agreeing every 8 steps: no hook of either process
         acts between step 1 and step 100. `chief_stop_at`: the chief's loop asks to stop
-        after that step (no hook's trigger); `die_at`: process 1 dies after that step."""
+        after that step (no hook's trigger); `die_at`: process 1 dies after that step;
+        `pause`: the loop sleeps this long after each run and prints the step."""
         result = {"scenario": name, "process": pid}
         sess = None
         try:
@@ -186,12 +187,15 @@ WORKER = textwrap.dedent('''
                     if pid == 1 and sess.step == die_at:
                         print(f"DYING at {sess.step}", flush=True)
                         os._exit(3)
+                    if pause:
+                        print(f"STEP {sess.step}", flush=True)
+                        time.sleep(pause)
             result["ok"] = True
         except Exception as error:
             result.update(ok=False, error_type=type(error).__name__, error=str(error),
                           error_step=getattr(error, "step", None))
         if sess is not None:
-            result.update(step=sess.step, agreements=sess._agreed.rounds)
+            result.update(step=sess.step, agreements=sess._agreed.rounds, preempted=sess.preemption_requested)
             if not sess.state["params"]["w"].is_deleted():  # a step that failed consumed its (donated) state
                 result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
         result.update(extra or {})
@@ -248,6 +252,8 @@ WORKER = textwrap.dedent('''
             quiet(scenario, batches(), chief_only_hooks=[jm.StopAtStepHook(last_step=13)])
         elif scenario == "eod21":  # process 1 has 21 batches, process 0 endless
             quiet(scenario, batches(end_after=21 if pid == 1 else None))
+        elif scenario == "sigterm_quiet":  # the test sends SIGTERM to process 1 between agreement points
+            quiet(scenario, batches(), pause=0.01)
         elif scenario == "die_quiet":  # process 1 dies after step 5, between agreement points
             quiet(scenario, batches(), die_at=5)
         elif scenario == "nan37":  # batch 36 (step 37) of process 1 is NaN
@@ -570,6 +576,37 @@ def test_runs_between_agreement_points_dispatch_without_waiting_on_two_processes
         assert result["compiled"] == 0 and result["agreements"] == 0, result
         assert result["dispatch_five"] < min(result["one_step"]), result
         assert result["step"] == 14
+
+
+@pytest.fixture(scope="module")
+def quiet_sigterm_run(tmp_path_factory):
+    """A launch that trains agreeing every 8 steps; SIGTERM to process 1 once it printed
+    step 20. Gives the workers, exited, with `rcs` and `exit_secs`."""
+    workers = Workers(tmp_path_factory.mktemp("sigterm_quiet"), ["sigterm_quiet"])
+    try:
+        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=120)
+        signalled = time.monotonic()
+        workers.processes[1].send_signal(signal.SIGTERM)
+        workers.rcs = [workers.wait(i, timeout=30) for i in (0, 1)]
+        workers.exit_secs = time.monotonic() - signalled
+        yield workers
+    finally:
+        workers.kill()
+
+
+def test_sigterm_between_agreement_points_saves_one_step_on_both(quiet_sigterm_run):
+    # JAX's preemption sync point is polled after every run, quiet ones too: both processes
+    # stop at the step it agreed on, save it, and exit cleanly.
+    p0, p1 = both(quiet_sigterm_run, "sigterm_quiet")
+    assert quiet_sigterm_run.rcs == [0, 0], (quiet_sigterm_run.rcs, quiet_sigterm_run.output(1))
+    assert quiet_sigterm_run.exit_secs < 10, quiet_sigterm_run.exit_secs
+    assert p0["ok"] and p1["ok"] and p0["preempted"] and p1["preempted"], (p0, p1)
+    assert p0["step"] == p1["step"] > 20
+    assert p0["w"] == p1["w"]
+    run = quiet_sigterm_run.workdir / "sigterm_quiet"
+    assert jm.latest_checkpoint_step(run) == p0["step"]
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
 
 
 # JAX declares a silent peer dead after `heartbeat_timeout_seconds` (default 100 s) and

@@ -1,0 +1,158 @@
+"""Agreement points, decided from what every process reports: one JAX process here,
+with the all-gather replaced by the rows a peer would send (the real two-process runs
+are in test_multiprocess.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import jaxmon as jm
+from jaxmon import _agree
+
+INF = math.inf
+
+
+def peer(stop=0.0, failed=0.0, error_step=-1.0, event=INF, deadline=INF, batches=INF):
+    """A peer's row: [stop, failed, chief's clock (read from process 0's), error step, plan]."""
+    return [stop, failed, 0.0, error_step, event, deadline, batches]
+
+
+@pytest.fixture
+def peers(monkeypatch):
+    """Sets what the other process sends: `peers.row` (one agreement's vector) and
+    `peers.message` (its error text); records every step this process agreed at."""
+
+    class Peers:
+        row, message, steps = peer(), "", []
+
+    def gather(values, step):
+        if values.shape == (7,):
+            Peers.steps.append(step)
+            return np.stack([values, np.asarray(Peers.row, np.float64)])
+        text = Peers.message.encode().ljust(values.size, b"\0")[:values.size]
+        return np.stack([values, np.frombuffer(text, np.uint8)])
+
+    monkeypatch.setattr(_agree, "_gather", gather)
+    Peers.steps = []
+    return Peers
+
+
+def decide(peers, step, *, every=8, event=INF, deadline=INF, batches=INF, clock=100.0, theirs=None):
+    """The decision at `step`, given this process's plan and the peer's row `theirs`."""
+    peers.row = theirs or peer()
+    agreement = _agree.Agreement(clock=lambda: clock)
+    return agreement(step, stop=False, error=None, plan=_agree.Plan(event, deadline, batches), every=every)
+
+
+def test_the_next_point_is_the_next_multiple_of_every_n_steps_when_nothing_comes_before(peers):
+    assert decide(peers, 3).next == 8
+    assert decide(peers, 8).next == 16
+    assert decide(peers, 0, every=1).next == 1
+
+
+def test_a_trigger_of_any_process_makes_its_step_and_the_one_before_agreement_points(peers):
+    assert decide(peers, 8, event=13).next == 12  # this process's hook acts at 13
+    assert decide(peers, 8, theirs=peer(event=13)).next == 12  # the peer's
+    assert decide(peers, 12, event=13).next == 13
+    assert decide(peers, 13, event=5).next == 14  # a hook due now acts on the next run
+
+
+def test_a_seconds_trigger_due_on_the_chiefs_clock_makes_the_next_run_one(peers):
+    assert decide(peers, 3, clock=100.0, deadline=99.0).next == 4
+    assert decide(peers, 3, clock=100.0, theirs=peer(deadline=100.0)).next == 4  # a peer's hook
+    assert decide(peers, 3, clock=100.0, deadline=101.0).next == 8
+
+
+def test_the_batches_a_process_has_ahead_bound_the_next_point_and_none_left_stops_all(peers):
+    decision = decide(peers, 16, batches=8, theirs=peer(batches=5))
+    assert decision.next == 21 and not decision.stop
+    decision = decide(peers, 21, batches=8, theirs=peer(batches=0))
+    assert decision.stop and decision.stopped_by == (1,)
+
+
+def test_a_failing_peer_gives_its_process_message_and_its_own_step(peers):
+    peers.message = "NanLossDuringTrainingError: NaN loss during training: 'loss' = nan at step 37."
+    decision = decide(peers, 101, theirs=peer(failed=1.0, error_step=37.0))
+    assert decision.stop and decision.failure == (1, peers.message, 37)
+
+
+class FakeBatches:
+    has_data = False
+
+
+class FakeEvents:
+    def __init__(self, event=INF):
+        self.event = event
+
+    def next_event(self):
+        return self.event, INF
+
+    def deliver_late(self):
+        pass
+
+
+def runs(peers, every=8, event=INF):
+    """An `AgreedRuns` whose run advances the step by one (`step[0]`)."""
+    step = [0]
+    agreed = _agree.AgreedRuns(FakeBatches(), [], FakeEvents(event), step=lambda: step[0], stop_asked=lambda: False,
+                               every_n_steps=every)
+    return agreed, step
+
+
+def test_runs_agree_before_the_first_and_then_only_at_agreement_points(peers):
+    agreed, step = runs(peers)
+
+    def run_once(batch):
+        step[0] += 1
+
+    for _ in range(17):
+        agreed.run(run_once, {})
+    assert peers.steps == [0, 8, 16]  # before the first run, then every 8 steps (no hook acts)
+    assert agreed.next == 24
+
+
+def test_an_error_between_agreement_points_is_raised_at_the_next_one(peers):
+    agreed, step = runs(peers)
+
+    def run_once(batch):
+        step[0] += 1
+        if step[0] == 3:
+            raise ValueError("a check of step 3 failed")
+
+    for _ in range(7):  # steps 1 to 7: the error of step 3 waits for the agreement after step 8
+        agreed.run(run_once, {})
+    with pytest.raises(ValueError, match="step 3"):
+        agreed.run(run_once, {})
+    assert peers.steps == [0, 8] and agreed.stopped
+
+
+def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(peers):
+    agreed, step = runs(peers)
+
+    def run_once(batch):
+        step[0] += 1
+        if step[0] == 3:
+            raise ValueError("a check of step 3 failed")
+
+    for _ in range(5):
+        agreed.run(run_once, {})
+    with pytest.raises(ValueError, match="step 3"):
+        agreed.close()
+    assert peers.steps == [0, 5]
+    # The peer's side: this process reports a failure at close; the peer raises PeerError.
+    agreed, step = runs(peers)
+    for _ in range(5):
+        agreed.run(lambda batch: step.__setitem__(0, step[0] + 1), {})
+    peers.row, peers.message = peer(failed=1.0, error_step=5.0), "ValueError: a check of step 3 failed"
+    with pytest.raises(jm.PeerError, match="JAX process 1 failed after step 5: ValueError: a check") as raised:
+        agreed.close()
+    assert raised.value.step == 5
+    agreed.close()  # the last run was agreed now: nothing more
+
+
+def test_agree_every_n_steps_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="agree_every_n_steps must be an int >= 1; got 0"):
+        jm.MonitoredSession(lambda s, b: (s, {}), lambda: np.zeros(()), agree_every_n_steps=0)
