@@ -105,23 +105,26 @@ def runs(peers, every=8, event=INF):
 def test_runs_agree_before_the_first_and_then_only_at_agreement_points(peers):
     agreed, step = runs(peers)
 
-    def run_once(batch):
-        step[0] += 1
-
+    run_once = failing_at(step, None)
     for _ in range(17):
         agreed.run(run_once, {})
     assert peers.steps == [0, 8, 16]  # before the first run, then every 8 steps (no hook acts)
     assert agreed.next == 24
 
 
-def test_an_error_between_agreement_points_is_raised_at_the_next_one(peers):
-    agreed, step = runs(peers)
-
+def failing_at(step, failing):
+    """A run that advances the step by one and raises after step `failing`."""
     def run_once(batch):
         step[0] += 1
-        if step[0] == 3:
-            raise ValueError("a check of step 3 failed")
+        if step[0] == failing:
+            raise ValueError(f"a check of step {failing} failed")
 
+    return run_once
+
+
+def test_an_error_between_agreement_points_is_raised_at_the_next_one(peers):
+    agreed, step = runs(peers)
+    run_once = failing_at(step, 3)
     for _ in range(7):  # steps 1 to 7: the error of step 3 waits for the agreement after step 8
         agreed.run(run_once, {})
     with pytest.raises(ValueError, match="step 3"):
@@ -131,12 +134,7 @@ def test_an_error_between_agreement_points_is_raised_at_the_next_one(peers):
 
 def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(peers):
     agreed, step = runs(peers)
-
-    def run_once(batch):
-        step[0] += 1
-        if step[0] == 3:
-            raise ValueError("a check of step 3 failed")
-
+    run_once = failing_at(step, 3)
     for _ in range(5):
         agreed.run(run_once, {})
     with pytest.raises(ValueError, match="step 3"):
@@ -144,8 +142,9 @@ def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(p
     assert peers.steps == [0, 5]
     # The peer's side: this process reports a failure at close; the peer raises PeerError.
     agreed, step = runs(peers)
+    run_once = failing_at(step, None)
     for _ in range(5):
-        agreed.run(lambda batch: step.__setitem__(0, step[0] + 1), {})
+        agreed.run(run_once, {})
     peers.row, peers.message = peer(failed=1.0, error_step=5.0), "ValueError: a check of step 3 failed"
     with pytest.raises(jm.PeerError, match="JAX process 1 failed after step 5: ValueError: a check") as raised:
         agreed.close()

@@ -484,17 +484,23 @@ def test_end_of_data_on_one_process_stops_both_cleanly(main_run):
     np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
 
 
-def test_sigterm_to_the_non_chief_saves_one_step_on_both_and_exits_cleanly(main_run):
-    p0, p1 = both(main_run, "sigterm")
-    assert main_run.rcs == [0, 0], (main_run.rcs, main_run.output(0), main_run.output(1))
-    assert main_run.exit_secs < 10, main_run.exit_secs
+def saved_one_step_and_exited(workers: Workers, scenario: str) -> None:
+    """After SIGTERM to process 1 past step 20: both exited cleanly within 10 s, preempted
+    at one step with one state, which they saved and which restores."""
+    p0, p1 = both(workers, scenario)
+    assert workers.rcs == [0, 0], (workers.rcs, workers.output(0), workers.output(1))
+    assert workers.exit_secs < 10, workers.exit_secs
     assert p0["ok"] and p1["ok"] and p0["preempted"] and p1["preempted"], (p0, p1)
     assert p0["step"] == p1["step"] > 20
     assert p0["w"] == p1["w"]
-    run = main_run.workdir / "sigterm"
+    run = workers.workdir / scenario
     assert jm.latest_checkpoint_step(run) == p0["step"]
     restored = jm.restore_checkpoint(run, like=single_device_state())
     np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+
+
+def test_sigterm_to_the_non_chief_saves_one_step_on_both_and_exits_cleanly(main_run):
+    saved_one_step_and_exited(main_run, "sigterm")
     assert all("WORKER DONE" in main_run.lines[i] for i in range(2))
 
 
@@ -513,44 +519,43 @@ def reference_w(steps: int) -> np.ndarray:
     return w
 
 
+def stopped_together(workers: Workers, scenario: str, step: int, agreements: int) -> list[dict]:
+    """Both processes of `scenario` stopped cleanly at `step` after `agreements` agreements,
+    with the state of `step` steps on every global batch, saved there."""
+    p0, p1 = both(workers, scenario)
+    assert p0["ok"] and p1["ok"], (p0, p1)
+    assert p0["step"] == p1["step"] == step
+    assert p0["agreements"] == p1["agreements"] == agreements, (p0, p1)
+    assert p0["w"] == p1["w"]
+    np.testing.assert_allclose(p0["w"], reference_w(step), rtol=1e-5)
+    run = workers.workdir / scenario
+    assert jm.latest_checkpoint_step(run) == step
+    restored = jm.restore_checkpoint(run, like=single_device_state())
+    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+    return [p0, p1]
+
+
 def test_a_stop_request_between_agreement_points_stops_both_at_the_next_one(main_run):
     # agree_every_n_steps=8; the chief's loop asks to stop after step 13, which no hook's
-    # trigger marks: both stop at 16, the next multiple of 8.
-    p0, p1 = both(main_run, "stop_loop13")
-    assert p0["ok"] and p1["ok"], (p0, p1)
-    assert p0["step"] == p1["step"] == 16
-    assert p0["w"] == p1["w"]
-    # Agreements: before the first run, after step 1 (the summaries' and NanHook's first
-    # trigger), after 8 and 16; none at the steps between.
-    assert p0["agreements"] == p1["agreements"] == 4, (p0, p1)
-    assert jm.latest_checkpoint_step(main_run.workdir / "stop_loop13") == 16
-    np.testing.assert_allclose(p0["w"], reference_w(16), rtol=1e-5)
+    # trigger marks: both stop at 16, the next multiple of 8. Agreements: before the first
+    # run, after step 1 (the summaries' and NanHook's first trigger), after 8 and 16; none
+    # at the steps between.
+    stopped_together(main_run, "stop_loop13", step=16, agreements=4)
 
 
 def test_a_chief_only_hook_stops_both_at_its_own_trigger_step(main_run):
     # A chief-only StopAtStepHook(last_step=13): its step-based trigger is known to every
-    # process at the agreement before it, so both stop at 13 exactly (agreements after 12 and 13).
-    p0, p1 = both(main_run, "stop_hook13")
-    assert p0["ok"] and p1["ok"], (p0, p1)
-    assert p0["step"] == p1["step"] == 13
-    assert p0["agreements"] == p1["agreements"] == 5, (p0, p1)  # before 1; after 1, 8, 12, 13
-    assert jm.latest_checkpoint_step(main_run.workdir / "stop_hook13") == 13
-    np.testing.assert_allclose(p0["w"], reference_w(13), rtol=1e-5)
+    # process at the agreement before it, so both stop at 13 exactly. Agreements: before
+    # the first run; after 1, 8, 12 and 13.
+    stopped_together(main_run, "stop_hook13", step=13, agreements=5)
 
 
 def test_end_of_data_on_one_process_between_agreement_points_stops_both_with_nothing_lost(main_run):
     # Process 1 has 21 batches; at the agreement after step 16 it has 5 taken ahead, so
-    # both agree again after step 21 and stop there: every batch of process 1 ran, once.
-    p0, p1 = both(main_run, "eod21")
-    assert p0["ok"] and p1["ok"], (p0, p1)
-    assert p0["step"] == p1["step"] == 21
-    assert p0["agreements"] == p1["agreements"] == 5, (p0, p1)  # before 1; after 1, 8, 16, 21
-    np.testing.assert_allclose(p0["w"], reference_w(21), rtol=1e-5)
+    # both agree again after step 21 and stop there: every batch of process 1 ran, once
+    # (the state is that of 21 steps). Agreements: before the first run; after 1, 8, 16, 21.
+    stopped_together(main_run, "eod21", step=21, agreements=5)
     assert not np.allclose(reference_w(20), reference_w(21), rtol=1e-3)  # one batch more or less shows
-    run = main_run.workdir / "eod21"
-    assert jm.latest_checkpoint_step(run) == 21
-    restored = jm.restore_checkpoint(run, like=single_device_state())
-    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
 
 
 def test_a_nan_between_agreement_points_raises_on_both_with_its_exact_step(main_run):
@@ -597,16 +602,7 @@ def quiet_sigterm_run(tmp_path_factory):
 def test_sigterm_between_agreement_points_saves_one_step_on_both(quiet_sigterm_run):
     # JAX's preemption sync point is polled after every run, quiet ones too: both processes
     # stop at the step it agreed on, save it, and exit cleanly.
-    p0, p1 = both(quiet_sigterm_run, "sigterm_quiet")
-    assert quiet_sigterm_run.rcs == [0, 0], (quiet_sigterm_run.rcs, quiet_sigterm_run.output(1))
-    assert quiet_sigterm_run.exit_secs < 10, quiet_sigterm_run.exit_secs
-    assert p0["ok"] and p1["ok"] and p0["preempted"] and p1["preempted"], (p0, p1)
-    assert p0["step"] == p1["step"] > 20
-    assert p0["w"] == p1["w"]
-    run = quiet_sigterm_run.workdir / "sigterm_quiet"
-    assert jm.latest_checkpoint_step(run) == p0["step"]
-    restored = jm.restore_checkpoint(run, like=single_device_state())
-    np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
+    saved_one_step_and_exited(quiet_sigterm_run, "sigterm_quiet")
 
 
 # JAX declares a silent peer dead after `heartbeat_timeout_seconds` (default 100 s) and
