@@ -22,6 +22,7 @@ Run: .venv/bin/python benchmarks/agreement_cost.py [--steps 300] [--rounds 7]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -32,7 +33,7 @@ import tempfile
 import time
 
 
-def worker(rank: int, address: str, steps: int, rounds: int) -> None:
+def worker(rank: int, address: str, steps: int, rounds: int, workdir: str) -> None:
     import jaxmon as jm
 
     jm.distributed.initialize(address, num_processes=2, process_id=rank, initialization_timeout=60,
@@ -74,11 +75,10 @@ def worker(rank: int, address: str, steps: int, rounds: int) -> None:
         return session(lambda: jm.MonitoredSession(step_fn, init_fn, mesh=mesh, agree_every_n_steps=every,
                                                    hooks=[jm.StopAtStepHook(last_step=10**9)]))
 
-    def training():
-        directory = tempfile.mkdtemp(prefix="agreement_cost_") if rank == 0 else None
-        directory = multihost_utils.broadcast_one_to_all(np.frombuffer(
-            (directory or "").encode().ljust(200, b"\0"), np.uint8))
-        directory = bytes(np.asarray(directory)).rstrip(b"\0").decode()
+    runs = itertools.count()
+
+    def training():  # a fresh checkpoint directory each time, the same on both processes
+        directory = os.path.join(workdir, str(next(runs)))
         return session(lambda: jm.MonitoredTrainingSession(step_fn, init_fn, mesh=mesh, checkpoint_dir=directory,
                                                            hooks=[jm.NanHook("loss")]))
 
@@ -111,9 +111,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.address, args.steps, args.rounds)
+        worker(args.worker, args.address, args.steps, args.rounds, args.workdir)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -121,15 +122,16 @@ def main() -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     here = os.path.dirname(os.path.abspath(__file__))
-    workers = [subprocess.Popen([sys.executable, os.path.join(here, "agreement_cost.py"), "--worker", str(i),
-                                 "--address", address, "--steps", str(args.steps), "--rounds", str(args.rounds)],
-                                env=env, cwd=here) for i in range(2)]
-    try:
-        for w in workers:
-            w.wait(timeout=1800)
-    finally:
-        for w in workers:
-            w.kill()
+    with tempfile.TemporaryDirectory(prefix="agreement_cost_") as workdir:
+        workers = [subprocess.Popen([sys.executable, os.path.join(here, "agreement_cost.py"), "--worker", str(i),
+                                     "--address", address, "--steps", str(args.steps), "--rounds", str(args.rounds),
+                                     "--workdir", workdir], env=env, cwd=here) for i in range(2)]
+        try:
+            for w in workers:
+                w.wait(timeout=1800)
+        finally:
+            for w in workers:
+                w.kill()
 
 
 if __name__ == "__main__":

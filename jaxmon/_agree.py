@@ -76,9 +76,6 @@ class Plan(NamedTuple):
     batches: float  # how many batches it has taken ahead (inf: it is given its batches)
 
 
-_NO_PLAN = Plan(0, math.inf, math.inf)
-
-
 class Agreement:
     """One all-gather of `[stop, failed, chief's clock, error step, plan]` across processes."""
 
@@ -93,8 +90,7 @@ class Agreement:
         every process until the next one)."""
         return self.time
 
-    def __call__(self, step: int, *, stop: bool, error: BaseException | None, plan: Plan = _NO_PLAN,
-                 every: int = 1) -> Decision:
+    def __call__(self, step: int, *, stop: bool, error: BaseException | None, plan: Plan, every: int) -> Decision:
         chief_time = self._clock() if self.process_index == 0 else 0.0
         error_step = getattr(error, "step", None)
         error_step = error_step if isinstance(error_step, int) and not isinstance(error_step, bool) else step
@@ -208,7 +204,8 @@ class AgreedRuns:
             self._agree(None, closing=True)
 
     def _agree(self, error: BaseException | None, closing: bool = False) -> None:
-        error, self._held, self._agreed_at = self._held or error, None, self._step()
+        step = self._agreed_at = self._step()
+        error, self._held = self._held or error, None
         try:
             self._events.deliver_late()  # late results (a NaN, a stop) count at this agreement
         except Exception as raised:
@@ -221,7 +218,6 @@ class AgreedRuns:
                 batches = self._batches.fill(self.every_n_steps)
             except Exception as raised:  # the loader failed: every process stops, this one raises it
                 error = error or raised
-        step = self._step()
         event, deadline = self._events.next_event()
         decision = self._agreed(self._agreement, step, stop=stop or self._stop_asked(), error=error,
                                 plan=Plan(event, deadline, batches), every=self.every_n_steps)

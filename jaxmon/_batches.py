@@ -74,11 +74,10 @@ class BatchSource:
             if not self._prefetch:
                 return next(self._data)
             batch = self.next_one()
-            while len(self._buffer) < self._prefetch and self._deferred is None:
-                try:
-                    self._take_ahead()
-                except Exception as error:  # StopIteration too: raised when that batch is due, not now
-                    self._deferred = error
+            try:
+                self.fill(self._prefetch)
+            except Exception as error:  # raised when that batch is due, not now (as the data's end)
+                self._deferred = error
             return batch
         length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
         if len(self._buffer) < length:

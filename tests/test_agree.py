@@ -83,22 +83,19 @@ class FakeBatches:
     has_data = False
 
 
-class FakeEvents:
-    def __init__(self, event=INF):
-        self.event = event
-
+class FakeEvents:  # hooks that never act
     def next_event(self):
-        return self.event, INF
+        return INF, INF
 
     def deliver_late(self):
         pass
 
 
-def runs(peers, every=8, event=INF):
-    """An `AgreedRuns` whose run advances the step by one (`step[0]`)."""
+def runs(peers):
+    """An `AgreedRuns` agreeing every 8 steps; `step[0]` is its step."""
     step = [0]
-    agreed = _agree.AgreedRuns(FakeBatches(), [], FakeEvents(event), step=lambda: step[0], stop_asked=lambda: False,
-                               every_n_steps=every)
+    agreed = _agree.AgreedRuns(FakeBatches(), [], FakeEvents(), step=lambda: step[0], stop_asked=lambda: False,
+                               every_n_steps=8)
     return agreed, step
 
 

@@ -122,34 +122,38 @@ WORKER = textwrap.dedent('''
                 print(f"DYING at {values.step}", flush=True)
                 os._exit(3)
 
-    def train(name, data, *, hooks=(), chief_only_hooks=(), extra=None, last_step=1000, save_checkpoint_steps=5,
-              directory=None):
-        directory = os.path.join(workdir, directory or name)
-        losses = Losses()
+    def report(name, open_session, after_run=lambda sess: None, extra=None):
+        """Runs the session `open_session()` opens until it stops (`after_run(sess)` after
+        each run) and prints its `RESULT` line: how it ended, its step and state."""
         result = {"scenario": name, "process": pid}
         sess = None
         start = time.monotonic()
         try:
-            with jm.MonitoredTrainingSession(
-                    step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=directory,
-                    chief_only_hooks=list(chief_only_hooks),
-                    hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=last_step), losses, *hooks],
-                    save_summaries_steps=5, save_checkpoint_steps=save_checkpoint_steps,
-                    log_step_count_steps=5) as sess:
+            with open_session() as sess:
                 while not sess.should_stop():
                     sess.run()
+                    after_run(sess)
             result["ok"] = True
         except Exception as error:
             result.update(ok=False, error_type=type(error).__name__, error=str(error),
                           error_step=getattr(error, "step", None))
         result["secs"] = round(time.monotonic() - start, 2)
         if sess is not None:
-            result["step"] = sess.step
-            result["preempted"] = sess.preemption_requested
-            result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
-        result["losses"] = losses.losses
+            result.update(step=sess.step, preempted=sess.preemption_requested, agreements=sess._agreed.rounds)
+            if not sess.state["params"]["w"].is_deleted():  # a step that failed consumed its (donated) state
+                result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
         result.update(extra or {})
         print("RESULT " + json.dumps(result), flush=True)
+
+    def train(name, data, *, hooks=(), chief_only_hooks=(), extra=None, last_step=1000, save_checkpoint_steps=5,
+              directory=None):
+        losses = Losses()
+        report(name, lambda: jm.MonitoredTrainingSession(
+            step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=os.path.join(workdir, directory or name),
+            chief_only_hooks=list(chief_only_hooks),
+            hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=last_step), losses, *hooks],
+            save_summaries_steps=5, save_checkpoint_steps=save_checkpoint_steps, log_step_count_steps=5),
+            extra={"losses": losses.losses, **(extra or {})})
 
     class Seen:  # this process's part of the rows (a shard of 16 of 32), recording the row ids it yields
         def __init__(self):
@@ -168,38 +172,25 @@ WORKER = textwrap.dedent('''
         def set_state(self, state):
             self.source.set_state(state)
 
-    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0, extra=None):
+    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0):
         """The default set with NanHook, agreeing every 8 steps: no hook of either process
         acts between step 1 and step 100. `chief_stop_at`: the chief's loop asks to stop
         after that step (no hook's trigger); `die_at`: process 1 dies after that step;
         `pause`: the loop sleeps this long after each run and prints the step."""
-        result = {"scenario": name, "process": pid}
-        sess = None
-        try:
-            with jm.MonitoredTrainingSession(
-                    step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=os.path.join(workdir, name),
-                    hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=1000)],
-                    chief_only_hooks=list(chief_only_hooks), agree_every_n_steps=8) as sess:
-                while not sess.should_stop():
-                    sess.run()
-                    if pid == 0 and sess.step == chief_stop_at:
-                        sess.request_stop()
-                    if pid == 1 and sess.step == die_at:
-                        print(f"DYING at {sess.step}", flush=True)
-                        os._exit(3)
-                    if pause:
-                        print(f"STEP {sess.step}", flush=True)
-                        time.sleep(pause)
-            result["ok"] = True
-        except Exception as error:
-            result.update(ok=False, error_type=type(error).__name__, error=str(error),
-                          error_step=getattr(error, "step", None))
-        if sess is not None:
-            result.update(step=sess.step, agreements=sess._agreed.rounds, preempted=sess.preemption_requested)
-            if not sess.state["params"]["w"].is_deleted():  # a step that failed consumed its (donated) state
-                result["w"] = [float(v) for v in host(sess.state["params"]["w"])]
-        result.update(extra or {})
-        print("RESULT " + json.dumps(result), flush=True)
+        def after_run(sess):
+            if pid == 0 and sess.step == chief_stop_at:
+                sess.request_stop()
+            if pid == 1 and sess.step == die_at:
+                print(f"DYING at {sess.step}", flush=True)
+                os._exit(3)
+            if pause:
+                print(f"STEP {sess.step}", flush=True)
+                time.sleep(pause)
+
+        report(name, lambda: jm.MonitoredTrainingSession(
+            step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=os.path.join(workdir, name),
+            hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=1000)],
+            chief_only_hooks=list(chief_only_hooks), agree_every_n_steps=8), after_run)
 
     def slow():
         """A step of tens of milliseconds with a collective (the mean of a batch sharded over
