@@ -3,10 +3,10 @@
 from jaxmon import datasets, distributed, models
 from jaxmon._agree import PeerError
 from jaxmon._checkpoint import Restored, WarmStartReport, checkpoints_iterator, restore_checkpoint
-from jaxmon._config import ConfigError, apply_overrides, load_config
 from jaxmon._data import ArrayDataSource
 from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
 from jaxmon._experiment import train_experiment
+from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
 from jaxmon._hook import (
     Hook,
     RunArgs,
@@ -18,12 +18,12 @@ from jaxmon._hook import (
     SessionRunValues,
 )
 from jaxmon._loaders import ResumableIterator
-from jaxmon._monitors import FirstNonFinite, Mean, Reduction
+from jaxmon._metrics import FirstNonFinite, Mean, Reduction
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
-from jaxmon._summary import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
 from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
+from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon.hooks import (
     CheckpointSaverHook,
     CheckpointSaverListener,

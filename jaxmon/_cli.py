@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(rest)
     if overrides and args.command != "train":
         parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
-    from jaxmon._config import ConfigError
+    from jaxmon._experiment.config_file import ConfigError
 
     try:
         if args.command == "train":
@@ -174,8 +174,8 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from jaxmon._config import load_config
     from jaxmon._experiment import train_experiment
+    from jaxmon._experiment.config_file import load_config
 
     config = load_config(args.config, overrides)
     log = logging.getLogger("jaxmon")
@@ -270,7 +270,7 @@ def run_info(workdir: str) -> dict[str, Any]:
     from jaxmon._checkpoint import complete_steps, read_meta
 
     if not os.path.isdir(workdir):
-        from jaxmon._config import ConfigError
+        from jaxmon._experiment.config_file import ConfigError
 
         raise ConfigError(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
     checkpoints = []

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from jaxmon import _errors, _fetches, _sharding
-from jaxmon._events import Requests
 from jaxmon._hook import Hook
-from jaxmon._monitors import Monitors
+from jaxmon._hook_runner import Requests
+from jaxmon._metrics import Monitors
 from jaxmon._step import CompiledStep
 
 NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])

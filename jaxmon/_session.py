@@ -21,11 +21,11 @@ from jaxmon import _agree, _errors, _fetches, _sharding
 from jaxmon._batches import BatchSource, as_run
 from jaxmon._checkpoint import WarmStartReport
 from jaxmon._dispatch import NOTHING_FETCHED, Dispatch
-from jaxmon._events import HookEvents
 from jaxmon._hook import Hook, RunArgs, RunContext
-from jaxmon._keeper import Snapshot, StateKeeper
-from jaxmon._monitors import Monitors
+from jaxmon._hook_runner import HookEvents
+from jaxmon._metrics import Monitors
 from jaxmon._preemption import Preemption
+from jaxmon._state_life import Snapshot, StateKeeper
 
 logger = logging.getLogger("jaxmon")
 

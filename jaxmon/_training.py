@@ -13,7 +13,7 @@ import numpy as np
 from jaxmon import _errors
 from jaxmon._hook import Hook
 from jaxmon._session import MonitoredSession
-from jaxmon._summary import SummaryWriterCache
+from jaxmon._writers import SummaryWriterCache
 from jaxmon.hooks import CheckpointSaverHook, StepCounterHook, SummarySaverHook
 
 #: TF's `USE_DEFAULT`: an argument not given, as opposed to one given as None.

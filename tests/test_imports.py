@@ -102,7 +102,7 @@ def test_no_jaxmon_module_imports_another_in_a_circle():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-CORE = ("jaxmon._session", "jaxmon._events", "jaxmon._batches", "jaxmon._dispatch", "jaxmon._keeper",
+CORE = ("jaxmon._session", "jaxmon._hook_runner", "jaxmon._batches", "jaxmon._dispatch", "jaxmon._state_life",
         "jaxmon._preemption", "jaxmon._agree", "jaxmon._hook", "jaxmon._step", "jaxmon._fetches")
 
 

@@ -15,7 +15,7 @@ from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, zero
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon._summary import SummaryWriterCache
+from jaxmon._writers import SummaryWriterCache
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._summary import WriterSlot
 from jaxmon._triggers import timer_for
+from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
 
 logger = logging.getLogger("jaxmon")

@@ -14,7 +14,7 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
-from jaxmon._monitors import Mean, check_reduce
+from jaxmon._metrics import Mean, check_reduce
 from jaxmon._triggers import timer_for
 
 logger = logging.getLogger("jaxmon")

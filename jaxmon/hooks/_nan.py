@@ -10,7 +10,7 @@ from typing import Any
 from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._hook import Hook, RunArgs, RunContext
-from jaxmon._monitors import FirstNonFinite
+from jaxmon._metrics import FirstNonFinite
 from jaxmon._triggers import timer_for
 
 logger = logging.getLogger("jaxmon")

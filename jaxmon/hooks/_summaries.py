@@ -14,10 +14,10 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
-from jaxmon._monitors import Mean, check_reduce
+from jaxmon._metrics import Mean, check_reduce
 from jaxmon._paths import by_path
-from jaxmon._summary import WriterSlot
 from jaxmon._triggers import timer_for
+from jaxmon._writers import WriterSlot
 
 
 @dataclasses.dataclass(frozen=True)

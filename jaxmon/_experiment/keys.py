@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from jaxmon._config import ConfigError
+from jaxmon._experiment.config_file import ConfigError
 
 #: The keys an experiment config may have at its top level.
 TOP_LEVEL = ("seed", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start", "name")

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._batches import one_step
-from jaxmon._events import to_host
 from jaxmon._fetches import normalize, paths
+from jaxmon._hook_runner import to_host
 
 
 def check_reduce(owner: str, reduce: object) -> str:

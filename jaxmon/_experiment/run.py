@@ -14,15 +14,15 @@ import optax
 
 from jaxmon import _loaders
 from jaxmon._checkpoint import DirectoryInUseError
-from jaxmon._config import ConfigError
 from jaxmon._data import ArrayDataSource
-from jaxmon._experiment_config import TOP_LEVEL, check_top_level, get_key, pop_key, resolve
-from jaxmon._experiment_sections import hooks_of, optimizer_of, session_args_of, task_of
-from jaxmon._same_run import SAME_RUN, report_changes
+from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.keys import TOP_LEVEL, check_top_level, get_key, pop_key, resolve
+from jaxmon._experiment.same_run import SAME_RUN, report_changes
+from jaxmon._experiment.sections import hooks_of, optimizer_of, session_args_of, task_of
 from jaxmon._state import TrainState
 from jaxmon._training import MonitoredTrainingSession
 
-__all__ = ["SAME_RUN", "TOP_LEVEL", "train_experiment"]
+__all__ = ["SAME_RUN", "TOP_LEVEL", "train_experiment", "use_compilation_cache"]
 
 
 def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,

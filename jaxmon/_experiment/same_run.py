@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxmon._checkpoint import complete_steps, read_meta
-from jaxmon._config import ConfigError
+from jaxmon._experiment.config_file import ConfigError
 
 #: What a run's checkpoints depend on: resuming with any of these changed is an error.
 SAME_RUN = ("seed", "task", "model", "data", "optimizer.name")

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import optax
 
 import jaxmon
-from jaxmon._config import ConfigError
-from jaxmon._experiment_config import get_key, pop_key, resolve
+from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.keys import get_key, pop_key, resolve
 from jaxmon._training import MonitoredTrainingSession
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.

@@ -1,0 +1,28 @@
+"""The summary writer protocol: what summary-writing hooks need of a writer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class SummaryWriter(Protocol):
+    """What summary-writing hooks need of a writer; values are host NumPy or Python."""
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None: ...
+    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None: ...
+    def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None: ...
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None: ...
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def restart(writer: Any, step: int) -> None:
+    """`writer.restart(step)` for a writer that has it (a user's writer may not)."""
+    method = getattr(writer, "restart", None)
+    if callable(method):
+        method(step)

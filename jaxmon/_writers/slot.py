@@ -1,0 +1,48 @@
+"""WriterSlot: a hook's writer, given or shared by directory."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jaxmon._writers.cache import SummaryWriterCache
+from jaxmon._writers.interface import SummaryWriter, restart
+
+
+class WriterSlot:
+    """A hook's writer: the one it was given (flushed, never closed by the hook) or the
+    shared one of `output_dir` (opened in `begin`, released in `close`)."""
+
+    def __init__(self, owner: str, output_dir: str | os.PathLike | None, summary_writer: Any, required: bool):
+        if output_dir is not None and summary_writer is not None:
+            raise ValueError(f"{owner} takes output_dir= or summary_writer=, not both; got output_dir="
+                             f"{output_dir!r} and summary_writer={summary_writer!r}.")
+        if summary_writer is not None and not isinstance(summary_writer, SummaryWriter):
+            raise TypeError(f"{owner} summary_writer={summary_writer!r} lacks the SummaryWriter methods "
+                            "(write_scalars, write_histograms, write_images, write_texts, write_hparams, "
+                            "flush, close); use jm.TensorBoardWriter(dir) or jm.JsonlWriter(path).")
+        if required and output_dir is None and summary_writer is None:
+            raise ValueError(f"{owner} needs somewhere to write: output_dir= (a directory for TensorBoard "
+                             "event files and metrics.jsonl) or summary_writer=.")
+        self.output_dir, self.given = output_dir, summary_writer
+        self.writer: Any = summary_writer
+
+    def open(self) -> None:
+        if self.given is None and self.output_dir is not None and self.writer is None:
+            self.writer = SummaryWriterCache.get(self.output_dir)
+
+    def restarted(self, session: Any) -> None:
+        """After a session restored a checkpoint: the writer forgets what was written
+        after its step (see `TensorBoardWriter.restart`)."""
+        if session.restored_step is not None and self.writer is not None:
+            restart(self.writer, session.restored_step)
+
+    def close(self) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        if writer is self.given:
+            writer.flush()
+        else:
+            self.writer = None
+            writer.close()
