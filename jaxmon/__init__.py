@@ -22,7 +22,7 @@ from jaxmon._metrics import FirstNonFinite, Mean, Reduction
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
 from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
-from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer
+from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
 from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon.hooks import (
     CheckpointSaverHook,
@@ -99,6 +99,7 @@ __all__ = [
     "TensorBoardWriter",
     "Text",
     "TrainState",
+    "Trigger",
     "USE_DEFAULT",
     "UnavailableError",
     "WarmStartReport",

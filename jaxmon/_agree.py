@@ -32,12 +32,14 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
 
@@ -137,30 +139,28 @@ class AgreedRuns:
       batches: the session's `BatchSource`: at each agreement, every process takes
         ahead the batches of the steps up to the next one at most, so that the end of
         one process's data is known to all before any of them runs dry.
-      hooks: the session's hooks: their timers read the agreed clock.
-      events: the session's `HookEvents`: when its hooks act next (`next_event`), and
-        their late results, delivered before agreeing.
-      step: the session's step number now.
-      stop_asked: whether this process asked to stop.
+      runner: the session's `HookRunner`: its hooks' timers read the agreed clock; when
+        they act next (`next_event`), and their late results, delivered before agreeing.
+      stopping: the session's `Stopping`: whether this process asked to stop, and where
+        the agreed stop is recorded.
+      session: the session, whose `step` is the step number now.
       every_n_steps: agree at least at every multiple of this many steps.
     """
 
-    def __init__(self, batches: Any, hooks: Iterable[Any], events: Any, *, step: Callable[[], int],
-                 stop_asked: Callable[[], bool], every_n_steps: int):
+    def __init__(self, batches: Any, runner: Any, stopping: Any, session: Any, *, every_n_steps: int):
         self._agreement = Agreement()
-        self._batches, self._events, self._step, self._stop_asked = batches, events, step, stop_asked
+        self._batches, self._runner, self._stopping, self._session = batches, runner, stopping, session
         self.every_n_steps = every_n_steps
         #: The step after whose run the processes agree next (None: before the first run).
         self.next: int | None = None
-        #: True once the processes agreed to stop.
-        self.stopped = False
         #: True once another process stopped answering.
         self.peer_lost = False
         self._held: BaseException | None = None  # an error raised between agreement points
         self._agreed_at: int | None = None  # the step of the last agreement
-        for hook in hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
-            if hook.timer is not None:
-                hook.timer.use_clock(self._agreement.clock)
+        for hook in runner.hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
+            timer = getattr(hook, "timer", None)
+            if isinstance(timer, SecondOrStepTimer):
+                timer.use_clock(self._agreement.clock)
 
     @property
     def rounds(self) -> int:
@@ -172,16 +172,16 @@ class AgreedRuns:
         step is an agreement point (before the first run, one more)."""
         if self.next is None:
             self._agree(None)
-            if self.stopped:
+            if self._stopping.decided:
                 raise StopIteration("Every JAX process stops before its first run: one of them asked to stop "
                                     "or has no data.")
         if batch is None and self._batches.has_data:
             batch = self._batches.next_one()
-        before, error, result = self._step(), None, None
+        before, error, result = self._session.step, None, None
         try:
             result = run_once(batch)
         except Exception as raised:
-            if self._step() == before:  # the step never ran here: the others wait in it for this process
+            if self._session.step == before:  # the step never ran here: the others wait in it for this process
                 if _PEER_LOST.search(str(raised)):  # its collective failed: a peer died between agreements
                     self.peer_lost = True
                     lost = PeerError(f"A collective of step {before + 1} failed: another JAX process stopped "
@@ -191,7 +191,7 @@ class AgreedRuns:
                     raise lost from raised
                 raise
             error = raised  # after the step (a hook's after_run, e.g. a NaN): raised once all agree
-        if self._step() < self.next:  # between agreement points: an error waits for the next one
+        if self._session.step < self.next:  # between agreement points: an error waits for the next one
             self._held = self._held or error
             return result
         self._agree(error)
@@ -200,14 +200,14 @@ class AgreedRuns:
     def close(self) -> None:
         """At a clean close, one more agreement unless the last run was an agreement point,
         so that an error held since then is raised (and a `PeerError` on the others)."""
-        if self.next is not None and self._step() != self._agreed_at:
+        if self.next is not None and self._session.step != self._agreed_at:
             self._agree(None, closing=True)
 
     def _agree(self, error: BaseException | None, closing: bool = False) -> None:
-        step = self._agreed_at = self._step()
+        step = self._agreed_at = self._session.step
         error, self._held = self._held or error, None
         try:
-            self._events.deliver_late()  # late results (a NaN, a stop) count at this agreement
+            self._runner.deliver_late()  # late results (a NaN, a stop) count at this agreement
         except Exception as raised:
             error = error or raised
         stop = isinstance(error, StopIteration)  # a hook's StopIteration: the end of data, a clean stop
@@ -218,30 +218,30 @@ class AgreedRuns:
                 batches = self._batches.fill(self.every_n_steps)
             except Exception as raised:  # the loader failed: every process stops, this one raises it
                 error = error or raised
-        event, deadline = self._events.next_event()
-        decision = self._agreed(self._agreement, step, stop=stop or self._stop_asked(), error=error,
+        event, deadline = self._runner.next_event()
+        decision = self._agreed(self._agreement, step, stop=stop or self._stopping.requested, error=error,
                                 plan=Plan(event, deadline, batches), every=self.every_n_steps)
         self.next = decision.next
         if decision.failure is not None:
-            self.stopped = True
+            self._stopping.agree()
             if error is not None:
                 raise error
             process, message, failed_step = decision.failure
             raise PeerError(f"JAX process {process} failed after step {step}: {message}. "
                             f"Every process of the run stops at this step.", step=failed_step)
-        if decision.stop and not self.stopped:
-            self.stopped = True
+        if decision.stop and not self._stopping.decided:
+            self._stopping.agree()
             if len(decision.stopped_by) < self._agreement.process_count:  # not a stop all of them took
                 logger.info("Process(es) %s asked to stop (or ran out of data) by step %d: every process "
                             "stops there.", list(decision.stopped_by), step)
 
     def all(self, flag: bool) -> bool:
         """Whether `flag` holds on every process (every process calls it at one point)."""
-        return self._agreed(self._agreement.all, bool(flag), self._step())
+        return self._agreed(self._agreement.all, bool(flag), self._session.step)
 
     def gather(self, value: Any) -> list[Any]:
         """Every process's `value` (JSON), in process order (every process calls it at one point)."""
-        return self._agreed(self._agreement.gather, value, self._step())
+        return self._agreed(self._agreement.gather, value, self._session.step)
 
     def _agreed(self, agree: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:

@@ -60,8 +60,6 @@ class BatchSource:
         self._positions: Callable[[], Any] | None = positions if callable(positions) else None
         self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
-        #: True once a restore set the data back: a batch in hand is past that position.
-        self.rewound = False
 
     @property
     def has_data(self) -> bool:
@@ -165,19 +163,21 @@ class BatchSource:
         iterator has no `get_state()`)."""
         return _loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state())
 
-    def restore(self, position: Any, step: int, recovering: bool) -> None:
-        """Sets the data back to a checkpoint's `position` (of `step`), or says why not."""
+    def restore(self, position: Any, step: int, recovering: bool) -> bool:
+        """Sets the data back to a checkpoint's `position` (of `step`), or says why not;
+        returns whether it did (a batch in hand is then past that position)."""
         if position is not None:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(_loaders.from_json(position))
                 self._buffer.clear()
                 self._deferred = None
-                self.rewound = True
+                return True
             else:
                 logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
                                "the data restarts from where it is.", step)
         elif not recovering and hasattr(self._data, "get_state"):
             logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.", step)
+        return False
 
 
 def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:

@@ -1,10 +1,11 @@
-"""One run's dispatch: feeds merged, the fetch plan, the compiled call, the bound on
-steps queued ahead, and the last run kept for `fetch`."""
+"""One run's dispatch: a `RunPlan` in, a `RunResult` out: the hooks' feeds merged, one
+fetch plan for the caller and every hook, the compiled call, the bound on steps queued
+ahead, and the last run kept for `fetch`."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -12,8 +13,8 @@ import numpy as np
 
 from jaxmon import _errors, _fetches, _sharding
 from jaxmon._hook import Hook
-from jaxmon._hook_runner import Requests
-from jaxmon._metrics import Monitors
+from jaxmon._hook_runner import RunPlan, RunResult
+from jaxmon._metrics import Accumulators
 from jaxmon._step import CompiledStep
 
 NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
@@ -28,25 +29,28 @@ class Dispatch:
       placement: a sharded session's `_sharding.Placement`, or None.
       max_dispatch_ahead: the most steps queued without waiting for one, None for no
         bound, or "auto" (see `_sharding.dispatch_ahead_default`).
-      monitors: the hooks' accumulators, updated inside every step (see `Monitors`).
+      accumulators: the hooks' accumulators, updated inside every step.
       steps_per_dispatch: the most steps of one run; every power of two up to it is a
         run length that the step is compiled for ahead (see `CompiledStep`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
-                 max_dispatch_ahead: int | None | str, monitors: Monitors | None = None, steps_per_dispatch: int = 1):
+                 max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
+                 steps_per_dispatch: int = 1):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
             _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
         lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
-        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths)
-        self._monitors = self._compiled.monitors = monitors if monitors is not None and monitors.active else None
+        self._accumulators = accumulators if accumulators is not None and accumulators.active else None
+        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
+                                      accumulate=self._accumulators and self._accumulators.update)
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
-        self.last_run: tuple[Any, Any] = (None, {})  # (batch, outputs)
-        self._last_length = 1
+        self._last_batch, self._last_length = None, 1
+        #: The last run's outputs (device arrays); empty before the first run.
+        self.last_outputs: Mapping[str, Any] = {}
 
     @property
     def compile_count(self) -> int:
@@ -58,51 +62,49 @@ class Dispatch:
 
     def keep_on_mesh(self, state: Any) -> None:
         """With a mesh, constrains every new state to the shardings `state` has."""
-        if self._placement is not None and self._compiled.state_constraint is None:
-            self._compiled.state_constraint = _sharding.constrain(self._placement.state_shardings(state))
+        if self._placement is not None and not self._compiled.constrained:
+            self._compiled.constrain_state(_sharding.constrain(self._placement.state_shardings(state)))
 
-    def plan(self, batch: Any, requests: Requests, wanted: dict | None,
-             length: int) -> tuple[Any, _fetches.FetchPlan, list[list]]:
-        """The batch with the hooks' feeds merged in, the run's fetch plan, and the
-        entries (of `requests`) of the hooks that fetch, in the plan's order."""
-        fetching, specs = [], []  # the entries of the hooks that fetch, and (hook, fetches) of each
-        if requests.asking:
-            feeds = [(entry[0], args.feeds) for entry, args in requests.asking if args.feeds]
-            if length > 1 and isinstance(batch, list):  # batches on the device: the value in each
-                batch = [merge_feeds(item, feeds) for item in batch]
-            else:
-                if length > 1:  # one value for every step of the run
-                    feeds = [(hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
-                             for hook, f in feeds]
-                batch = merge_feeds(batch, feeds)
-            for entry, args in requests.asking:
-                if args.fetches is not None:
-                    fetching.append(entry)
-                    specs.append((entry[0], _fetches.normalize(args.fetches, entry[0])))
-        if specs:
-            plan = _fetches.FetchPlan([("run(fetches=...)", wanted), *specs])
-        elif wanted is not None:
-            plan = _fetches.FetchPlan([("run(fetches=...)", wanted)])
-        else:
-            plan = NOTHING_FETCHED
-        return batch, plan, fetching
+    def __call__(self, state: Any, batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
+                 step: int) -> RunResult:
+        """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
+        `plan` merged into `batch` and every fetch of `plan` and the caller's
+        (`wanted`) computed in the same program; a quiet plan fetches nothing."""
+        if not plan.calls and not plan.feeds and wanted is None:  # most runs: nothing asked
+            new_state, outputs, _ = self._call(state, batch, NOTHING_FETCHED, length, step, batch)
+            return RunResult(new_state, outputs)
+        fed, fetches = batch, NOTHING_FETCHED
+        fetching = [i for i, call in enumerate(plan.calls) if call.fetches is not None]
+        if plan.feeds:
+            fed = _with_feeds(batch, plan.feeds, length)
+        if fetching or wanted is not None:
+            fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
+                                          *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
+        new_state, outputs, fetched = self._call(state, fed, fetches, length, step, batch)
+        caller, *values = fetches.route(outputs, fetched)
+        results = ()
+        if fetching:
+            routed = dict(zip(fetching, values, strict=True))
+            results = tuple(routed.get(i) for i in range(len(plan.calls)))
+        return RunResult(new_state, outputs, caller, results)
 
-    def __call__(self, state: Any, batch: Any, plan: _fetches.FetchPlan, length: int,
-                 step: int, unfed: Any = None) -> tuple[Any, Any, tuple]:
-        """Dispatches the run of `length` steps after `step`; returns `(new_state,
-        outputs, fetched)`. `unfed` is `batch` before `plan` merged the hooks' feeds."""
+    def _call(self, state: Any, batch: Any, fetches: _fetches.FetchPlan, length: int, step: int,
+              unfed: Any) -> tuple[Any, Any, tuple]:
+        """The compiled call: `(new_state, outputs, fetched)`; `unfed` is `batch` before
+        the hooks' feeds."""
         if self._placement is not None:
             batch = self._placement.place_batch(batch)
-        monitors, self._compiled.step = self._monitors, step
+        accumulators = self._accumulators
         try:
-            if monitors is None:
-                state, outputs, fetched = self._compiled(plan.key, state, batch, plan.owners, length, unfed=unfed)
+            if accumulators is None:
+                state, outputs, fetched = self._compiled(fetches.key, state, batch, fetches.owners, length,
+                                                         unfed=unfed, step=step)
             else:
-                if monitors.carry is None:  # the first run since the state was created
-                    monitors.prepare(self._compiled.step_fn, state, batch, length,
-                                     _carry_sharding(state, self._placement))
-                state, outputs, fetched, monitors.carry = self._compiled(plan.key, state, batch, plan.owners,
-                                                                         length, monitors.carry, unfed)
+                carry = accumulators.carry(self._compiled.step_fn, state, batch, length, step,
+                                           _carry_sharding(state, self._placement))
+                state, outputs, fetched, carry = self._compiled(fetches.key, state, batch, fetches.owners, length,
+                                                                carry, unfed, step)
+                accumulators.advance(carry)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)
@@ -111,7 +113,7 @@ class Dispatch:
             raise
         if self.max_dispatch_ahead is not None:
             self._bound(state, outputs, step)
-        self.last_run, self._last_length = (batch, outputs), length
+        self._last_batch, self.last_outputs, self._last_length = batch, outputs, length
         return state, outputs, fetched
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
@@ -131,7 +133,7 @@ class Dispatch:
         wanted = _fetches.normalize(fetches, "fetch(...)")
         if wanted is None:
             return {}
-        batch, outputs = self.last_run
+        batch, outputs = self._last_batch, self.last_outputs
         if self._last_length > 1:  # the last step's batch of a multi-step run
             batch = batch[-1] if isinstance(batch, list) else jax.tree.map(lambda x: x[-1], batch)
         plan = _fetches.FetchPlan([("fetch(...)", wanted)])
@@ -149,7 +151,18 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
-def merge_feeds(batch: Any, feeds: list[tuple[Hook, Mapping[str, Any]]]) -> Any:
+def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:
+    """`batch` with the hooks' `feeds` merged in; in a run of several steps, each value
+    for every step (batches on the device: merged into each)."""
+    if length > 1 and isinstance(batch, list):
+        return [merge_feeds(item, feeds) for item in batch]
+    if length > 1:
+        feeds = tuple((hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
+                      for hook, f in feeds)
+    return merge_feeds(batch, feeds)
+
+
+def merge_feeds(batch: Any, feeds: Iterable[tuple[Hook, Mapping[str, Any]]]) -> Any:
     """Merges the hooks' feeds into a new batch dict; a key fed twice is an error."""
     merged: dict[str, Any] = {}
     owners: dict[str, Hook] = {}

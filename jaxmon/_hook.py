@@ -5,12 +5,9 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from jaxmon._triggers import SecondOrStepTimer
-
-if TYPE_CHECKING:
-    from jaxmon._session import MonitoredSession
+from jaxmon._triggers import Trigger
 
 Fetches = Mapping[str, "str | Callable[..., Any]"] | Sequence[str] | str | None
 
@@ -58,7 +55,7 @@ class RunContext:
     """
 
     step: int
-    session: MonitoredSession
+    session: Session
     original_args: RunArgs
     _stop_requested: bool = False
     steps: int = 1
@@ -76,6 +73,7 @@ class RunContext:
     def request_stop(self) -> None:
         """Ask the session to stop after this run (every `after_run` still runs)."""
         self._stop_requested = True
+        self.session.request_stop()
 
 
 class RunValues(NamedTuple):
@@ -105,10 +103,10 @@ class Hook:
     `before_run` → one compiled step → `after_run` → `end` on a clean exit →
     `close` on every exit.
 
-    Errors raised in a hook carry a note naming the hook, the event and the step.
-    Set `on_error = "warn"` (built-in observational hooks take it as an argument)
-    to log a failing hook's errors and go on training instead of stopping the run;
-    the default, `"raise"`, stops it.
+    A hook that acts only now and then says when (`next_trigger`): the session skips
+    its run events until then, and a run every hook sleeps through calls none. A
+    hook that saves checkpoints has `checkpoint_dir` and `wait_until_finished()` (the
+    `Saver` protocol): the session restores from the first such directory.
 
     Example:
       >>> import jaxmon as jm
@@ -119,10 +117,19 @@ class Hook:
       ...         print(values.step, values.results)
     """
 
+    #: "raise" (default): an error in the hook stops the run, with a note naming the
+    #: hook, the event and the step; "warn": it is logged and training goes on.
+    on_error: str = "raise"
+
+    #: Reductions over every step's values, computed on the device inside the
+    #: compiled step and read only at a `RunArgs(read=True)`, a save, `sync()` or
+    #: `close()`: `{name: jm.Mean("loss")}` (see `jm.Reduction`). Set it in `__init__`.
+    accumulators: Mapping[str, Any] = types.MappingProxyType({})
+
     def begin(self) -> None:
         """Called once, when the session is built, before any state exists."""
 
-    def after_create_session(self, session: MonitoredSession) -> None:
+    def after_create_session(self, session: Session) -> None:
         """Called when the state is ready: after creation and after each recovery."""
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
@@ -132,80 +139,54 @@ class Hook:
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         """Called after each successful run with this hook's fetched values."""
 
-    on_error: str = "raise"
+    def after_read(self, step: int, values: dict[str, Any]) -> None:
+        """Called at every read of the accumulators (any hook's, a save's, `sync()`'s,
+        `close()`'s) with this hook's `{name: result}` after `step`."""
 
-    def end(self, session: MonitoredSession) -> None:
+    def end(self, session: Session) -> None:
         """Called once on a clean exit (normal end, end of data, explicit close)."""
 
     def close(self) -> None:
-        """Called once on every exit, clean or not, after `end`: flush and release
-        files, writers and profilers here. Errors are raised on a clean exit and
-        logged on an exit that is already raising."""
+        """Called once on every exit, after `end`: release files and writers here.
+        Errors are raised on a clean exit and logged on one already raising."""
 
-    def steps_to_next_trigger(self, step: int) -> int | None:
-        """How many steps from `step` this hook next needs a run to end on, or None if
-        any will do. With `steps_per_dispatch`, the session ends its runs there, so that
-        the hook fires on its exact step. The default reads the hook's `timer` (when
-        it counts steps); seconds-based hooks fire at run ends."""
-        return None if self.timer is None else self.timer.steps_to_next_trigger(step)
+    def next_trigger(self, step: int) -> Trigger | None:
+        """When this hook next needs its run events, asked after the run that ended at
+        `step`: a `Trigger` (a step and/or a time; until then the session skips its
+        `before_run` and `after_run`, and ends multi-step runs on its step), or None
+        to be called on every run (the default)."""
+        return None
 
     def get_state(self) -> dict[str, Any] | None:
-        """The hook's own state to save with each checkpoint, JSON-serialisable, or None.
-
-        The default saves the last trigger of the hook's `timer` if it has one; hooks
-        with counters extend it."""
-        return None if self.timer is None else {"timer": self.timer.get_state()}
+        """The hook's own state to save with each checkpoint (JSON), or None."""
+        return None
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Takes back what `get_state` returned, when a session resumes from a
+        """Takes back what `get_state` returned when a session resumes from a
         checkpoint: after `begin`, before `after_create_session`."""
-        if self.timer is not None and "timer" in state:
-            self.timer.set_state(state["timer"])
-
-    #: The hook's periodic timer (a `SecondOrStepTimer`), if it acts every N steps or
-    #: seconds. The session reads it through the methods above, and with several JAX
-    #: processes makes it read the agreed clock (`SecondOrStepTimer.use_clock`).
-    timer: SecondOrStepTimer | None = None
-
-    #: Reductions over every step's values that the session computes on the device,
-    #: inside the compiled step (each step of a multi-step run too), and keeps between
-    #: runs outside the state: `{name: jm.Mean("loss")}` (see `jm.Reduction`). Set it
-    #: in `__init__`. Nothing is read on the host until a run whose `before_run`
-    #: returns `RunArgs(read=True)`, a checkpoint save, `sync()` or `close()`: at every
-    #: such read, `after_read` gets the values. With several JAX processes every
-    #: process must declare the same accumulators in the same hook order (each runs
-    #: the same program); `MonitoredTrainingSession` does so for its chief-only hooks.
-    accumulators: Mapping[str, Any] = types.MappingProxyType({})
-
-    def after_read(self, step: int, values: dict[str, Any]) -> None:
-        """Called at every read of the accumulators (any hook's, a save's, `sync()`'s,
-        `close()`'s) with this hook's `{name: result}` after `step`, before the
-        `after_run` that delivers them to the hooks that asked."""
-
-    #: True for a hook with a `timer` whose `before_run` and `after_run` do nothing on a
-    #: run that ends before the timer's next trigger (its next step, or its next time on
-    #: the timer's clock): the session then skips both calls on such runs, so that the
-    #: hook costs nothing between its triggers, and a run on which every hook sleeps
-    #: calls none. A hook that counts runs or checks something on every run leaves it
-    #: False.
-    idle_between_triggers: bool = False
-
-    def _idle_steps(self, step: int) -> int | None:
-        """For a hook `idle_between_triggers`: how many steps from `step` its run events
-        do nothing (0: call them on the next run), or None when steps do not bound it
-        (its timer counts seconds, or never triggers)."""
-        return 0 if self.timer is None else self.timer.steps_to_next_trigger(step)
-
-    #: The directory this hook writes checkpoints to, if it does: a session given no
-    #: `checkpoint_dir` restores from the first hook's.
-    checkpoint_dir: str | None = None
-
-    def wait_until_finished(self) -> None:
-        """Blocks until work this hook has in flight (a checkpoint write) is done. The
-        session calls it before a recovery restores the latest checkpoint."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class Saver(Protocol):
+    """A hook that writes checkpoints: the session restores from the first one's
+    `checkpoint_dir`, and waits for its writes before a recovery restores."""
+
+    checkpoint_dir: str
+
+    def wait_until_finished(self) -> None: ...
+
+
+class Session(Protocol):
+    """What hooks use of a `MonitoredSession` (for type checkers)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def state(self) -> Any: ...
+    def should_stop(self) -> bool: ...
+    def request_stop(self) -> None: ...
 
 
 SessionRunHook = Hook

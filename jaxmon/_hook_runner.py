@@ -1,4 +1,7 @@
-"""The hooks of a session and their events: list order, late delivery, error policy."""
+"""The hook runner: calls every hook's events in list order under its error policy,
+sleeps hooks between their triggers, and delivers each run's values, late ones a run
+later. A run's requests are one immutable `RunPlan`; its values come back as one
+`RunResult` (see `_dispatch`)."""
 
 from __future__ import annotations
 
@@ -6,62 +9,82 @@ import collections
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-import jax
-import numpy as np
+from typing import Any, NamedTuple
 
 from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
+from jaxmon._fetches import Wanted, normalize
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._host import to_host
+from jaxmon._schedule import schedule_of
+from jaxmon._triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
 
 
-class Requests:
+class Call(NamedTuple):
+    """One hook's part in a run: its `after_run` follows (`late`: one run later), with
+    the values of its `fetches` and, if it `read`s, its accumulators."""
+
+    hook: Hook
+    late: bool = False
+    fetches: Wanted | None = None
+    read: bool = False
+
+
+class RunPlan(NamedTuple):
     """What the hooks asked of one run, in hook order.
 
     Attributes:
-      now: `[hook, results]` of the hooks whose `after_run` follows this run.
-      late: the same for those asking for late delivery (`RunArgs.late`).
-      asking: `(entry, args)` of the hooks that fetch or feed; `entry` is the hook's
-        list in `now` or `late`, whose `results` the run fills in.
-      reading: the entries of the hooks that read their accumulators at this run.
-
-    An entry is `[hook, results, read]`: `read` is the run's `_monitors.Read` for a
-    hook that reads, else None.
+      ctx: the run's context (None for a run that calls no hook).
+      calls: the hooks whose `after_run` follows this run.
+      feeds: `(hook, feeds)` of the hooks that feed the batch.
+      readers: the hooks that read their accumulators after this run.
     """
 
-    __slots__ = ("now", "late", "asking", "reading")
-
-    def __init__(self):
-        self.now: list[list] = []
-        self.late: list[list] = []
-        self.asking: list[tuple[list, RunArgs]] = []
-        self.reading: list[list] = []
+    ctx: RunContext | None
+    calls: tuple[Call, ...] = ()
+    feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()
+    readers: tuple[Hook, ...] = ()  # the hooks that read their accumulators after this run
 
 
-class HookEvents:
+#: The plan of a run that every hook sleeps through: no event is called.
+QUIET = RunPlan(None)
+#: A hook's trigger when it must be called on the next run (asked again then).
+_NOW = Trigger(step=0)
+
+
+class RunResult(NamedTuple):
+    """What one dispatch returns: the new state, the outputs (device arrays), the
+    caller's fetches and, for each call of the plan, its fetched values (on the
+    device; None where it fetched nothing)."""
+
+    state: Any
+    outputs: Any
+    caller: Any = None
+    results: tuple[Any, ...] = ()
+
+
+class HookRunner:
     """Calls every hook's events in list order and applies each hook's `on_error`.
 
-    Runs whose hooks asked for late delivery wait in a queue until the next run was
-    dispatched (or until `deliver_late()`); a stop any hook asks for goes to
-    `request_stop`.
+    A hook's `next_trigger` says until when it sleeps: a run that ends before every
+    hook's trigger calls no hook (`QUIET`). Runs whose hooks asked for late delivery
+    wait in a queue until the next run was dispatched (or until `deliver_late()`).
 
     Args:
       hooks: the session's hooks.
-      request_stop: called when a hook's `after_run` asked to stop.
     """
 
-    def __init__(self, hooks: Iterable[Hook], request_stop: Callable[[], None]):
+    def __init__(self, hooks: Iterable[Hook] | None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
-        # (hook, whether it has a before_run, whether it has an after_run, whether it sleeps
-        # between triggers): a run calls no event that does nothing on it.
-        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), _sleeps(hook)) for hook in self.hooks]
-        self._wake = [_AWAKE] * len(self._calls)  # (step, clock, time) a sleeping hook's next call must reach
+        # (hook, has a before_run, has an after_run, its schedule): a run calls no event that does nothing on it.
+        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook))
+                       for hook in self.hooks]
+        self._cuts = [schedule.cut for *_, schedule in self._calls if schedule.cut is not None]
+        self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
-        self._request_stop = request_stop
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
         # What hooks asked to do once every hook's current event is done (see `later`),
@@ -73,11 +96,16 @@ class HookEvents:
         self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
-        self._wake, self._quiet_step = [_AWAKE] * len(self._calls), 0
+        self.reschedule()
         self._each("after_create_session", session.step, session)
 
     def end(self, session: Any) -> None:
         self._each("end", session.step, session)
+
+    def reschedule(self) -> None:
+        """Asks every hook its next trigger again at the next run (after a restore, or
+        once a preemption makes a saver due now)."""
+        self._wake, self._quiet_step = [_NOW] * len(self._calls), 0
 
     def _each(self, event: str, step: int, *args: Any) -> None:
         """Calls `event(*args)` of every hook in list order, under its error policy."""
@@ -120,25 +148,13 @@ class HookEvents:
                     raise
                 self.failed(hook, event, step, error)
 
-    def steps_to_next_trigger(self, step: int, limit: int) -> int:
+    def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on."""
-        for hook in self.hooks:
-            steps = hook.steps_to_next_trigger(step)
+        for cut in self._cuts:
+            steps = cut(step)
             if steps is not None:
                 limit = min(limit, steps)
         return limit
-
-    def quiet(self, next_step: int) -> bool:
-        """Whether a run that ends at `next_step` calls no hook: every hook with run
-        events sleeps past it (see `Hook.idle_between_triggers`). Such a run skips
-        `before_run` (and its `Requests`) altogether; late results of the run before
-        are still delivered after it (`deliver_late`)."""
-        if next_step >= self._quiet_step:
-            return False
-        for clock, deadline in self._deadlines:
-            if clock() >= deadline:
-                return False
-        return True
 
     def next_event(self) -> tuple[float, float]:
         """`(step, time)`: the step of the next run that calls a hook (at most the current
@@ -146,107 +162,122 @@ class HookEvents:
         sleeping hook wakes (inf: none). Several processes agree on these."""
         return self._quiet_step, min((deadline for _, deadline in self._deadlines), default=math.inf)
 
-    def before_run(self, ctx: RunContext) -> Requests:
-        requests = Requests()
-        next_step = ctx.step + ctx.steps
-        wake_all = getattr(ctx.session, "preemption_requested", False)  # a save due now (CheckpointSaverHook)
-        for i, (hook, before, after, idle) in enumerate(self._calls):
-            if idle and not wake_all:
-                wake, clock, deadline = self._wake[i]
-                if next_step >= wake or (clock is not None and clock() >= deadline):
-                    wake, clock, deadline = self._wake[i] = _wake(hook, ctx.step)
-                if next_step < wake and (clock is None or clock() < deadline):
+    def before_run(self, session: Any, step: int, length: int, fetches: Any, batch: Any,
+                   wake: bool = False) -> RunPlan:
+        """Every awake hook's `before_run` for the run of `length` steps after `step`, as
+        one plan; `QUIET` when every hook sleeps past it (see `Hook.next_trigger`) and
+        nothing else (`wake`) needs them. `fetches` and `batch` are the caller's."""
+        next_step = step + length
+        if not wake and next_step < self._quiet_step:
+            for clock, deadline in self._deadlines:
+                if clock() >= deadline:
+                    break
+            else:
+                return QUIET
+        ctx = RunContext(step, session, RunArgs(fetches, batch), steps=length)
+        calls, feeds = [], []
+        for i, (hook, before, after, schedule) in enumerate(self._calls):
+            if schedule.next is not None:
+                trigger = self._wake[i]
+                if trigger.reached(next_step):
+                    trigger = self._wake[i] = schedule.next(step) or _NOW
+                if not trigger.reached(next_step):
                     continue  # nothing to do before its next trigger
             if not before:
                 if after:
-                    requests.now.append([hook, None, None])
+                    calls.append(Call(hook))
                 continue
             try:
                 args = hook.before_run(ctx)
                 if args is not None:
                     args = _check_run_args(args, hook)
             except Exception as error:
-                self.failed(hook, "before_run", ctx.step, error)  # a warn-policy hook sits out
+                self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
                 continue
-            entry = [hook, None, None]
             if args is None:
                 if after:
-                    requests.now.append(entry)
+                    calls.append(Call(hook))
                 continue
-            (requests.late if args.late else requests.now).append(entry)
-            if args.fetches is not None or args.feeds:
-                requests.asking.append((entry, args))
-            if args.read:
-                requests.reading.append(entry)
-        return requests
+            calls.append(Call(hook, args.late, normalize(args.fetches, hook), args.read))
+            if args.feeds:
+                feeds.append((hook, args.feeds))
+        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(call.hook for call in calls if call.read))
 
-    def after_run(self, ctx: RunContext, step: int, outputs: Any, requests: Requests, caller: Any,
-                  fetching: list[list], results: list[Any]) -> Any:
+    def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
-        this run's other `after_run`s; returns the caller's fetches on the host. One
-        host read serves the caller and every hook that reads now. `results` are the
-        values of the hooks whose entries are `fetching`, in that order."""
-        if fetching:
-            for entry, hook_results in zip(fetching, results, strict=True):
-                entry[1] = hook_results
+        this run's other `after_run`s with their values; returns the caller's fetches
+        on the host. One host read serves the caller and every hook called now.
+
+        Args:
+          plan: the run's plan.
+          result: the run's result.
+          step: the step number after the run.
+          read: the run's read of the accumulators (`_metrics.Read`), if any hook read.
+        """
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
-        if requests.late:
-            self._late.append((ctx, step, outputs, requests.late))
-        if caller is not None or (fetching and any(entry[1] is not None for entry in requests.now)):
-            caller, host = to_host((caller, [entry[1] for entry in requests.now]))
-            for entry, results in zip(requests.now, host, strict=True):
-                entry[1] = results
-        if requests.now or ctx.stop_requested:
-            self._call_after_run(ctx, step, outputs, requests.now)
+        if plan is QUIET:
+            return None
+        results = result.results or (None,) * len(plan.calls)
+        late = [i for i, call in enumerate(plan.calls) if call.late]
+        if late:
+            self._late.append((plan, result.outputs, step, read, late, results))
+        now = [i for i, call in enumerate(plan.calls) if not call.late]
+        caller = result.caller
+        if caller is not None or any(results[i] is not None for i in now):
+            caller, host = to_host((caller, [results[i] for i in now]))
+            results = dict(zip(now, host, strict=True))
+        if now:
+            self._call_after_run(plan, now, results, result.outputs, step, read)
         self._settle(step)
         return caller
 
     def _settle(self, step: int) -> None:
         """After a run's events: until which step (and time) every hook sleeps, so that
-        the runs before it are quiet (see `quiet`)."""
+        the runs before it are quiet."""
         quiet, deadlines = math.inf, []
-        for i, (hook, before, after, idle) in enumerate(self._calls):
-            if not idle:
+        for i, (_, before, after, schedule) in enumerate(self._calls):
+            if schedule.next is None:
                 if before or after:
                     quiet = 0
                 continue
-            wake, clock, deadline = self._wake[i]
-            if step + 1 >= wake or (clock is not None and clock() >= deadline):
-                wake, clock, deadline = self._wake[i] = _wake(hook, step)
-            quiet = min(quiet, wake)
-            if clock is not None:
-                deadlines.append((clock, deadline))
+            trigger = self._wake[i]
+            if trigger.reached(step + 1):
+                trigger = self._wake[i] = schedule.next(step) or _NOW
+            quiet = min(quiet, trigger.step)
+            if trigger.clock is not None and trigger.time != math.inf:
+                deadlines.append((trigger.clock, trigger.time))
         self._quiet_step, self._deadlines = quiet, deadlines
 
     def deliver_late(self) -> None:
         """Calls the `after_run` of every run whose hooks asked for late delivery."""
         while self._late:
-            ctx, step, outputs, entries = self._late.popleft()
-            if any(entry[1] is not None for entry in entries):
-                host = to_host([entry[1] for entry in entries])
-                entries = [[entry[0], r, entry[2]] for entry, r in zip(entries, host, strict=True)]
-            self._call_after_run(ctx, step, outputs, entries)
+            plan, outputs, step, read, late, results = self._late.popleft()
+            values = [results[i] for i in late]
+            if any(value is not None for value in values):
+                values = to_host(values)
+            self._call_after_run(plan, late, dict(zip(late, values, strict=True)), outputs, step, read)
 
-    def _call_after_run(self, ctx: RunContext, step: int, outputs: Any, entries: list[list]) -> None:
+    def _call_after_run(self, plan: RunPlan, indices: list[int], results: Mapping[int, Any], outputs: Any,
+                        step: int, read: Any) -> None:
+        """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
         plain = RunValues(None, step, outputs)
         outer = self._open()
         try:
-            for hook, results, read in entries:
-                accumulated = None if read is None else read.values(hook)  # every hook's after_read first
-                self._current = hook
+            for i in indices:
+                call = plan.calls[i]
+                accumulated = read.values(call.hook) if call.read and read is not None else None
+                self._current = call.hook
                 try:
-                    if results is None and accumulated is None:
-                        hook.after_run(ctx, plain)
+                    if results[i] is None and accumulated is None:
+                        call.hook.after_run(plan.ctx, plain)
                     else:
-                        hook.after_run(ctx, RunValues(results, step, outputs, accumulated))
+                        call.hook.after_run(plan.ctx, RunValues(results[i], step, outputs, accumulated))
                 except Exception as error:
-                    self.failed(hook, "after_run", step, error)
+                    self.failed(call.hook, "after_run", step, error)
             self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
-        if ctx.stop_requested:
-            self._request_stop()
 
     def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
         """Every `after_read` of one read of the accumulators, in list order."""
@@ -285,68 +316,9 @@ class HookEvents:
                            hook, event, step, count, error, exc_info=count == 1)
 
 
-def to_host(values: Any) -> Any:
-    """`jax.device_get`, with a fast path for the common few single arrays. An array
-    spread over several processes must be replicated (a loss, a metric): each process
-    then reads its own copy."""
-    leaves, tree = jax.tree.flatten(values)
-    if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable for leaf in leaves):
-        return tree.unflatten([_local_copy(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
-    if len(leaves) > 4:
-        return jax.device_get(values)
-    return tree.unflatten([np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf for leaf in leaves])
-
-
-def _local_copy(array: jax.Array) -> np.ndarray:
-    if array.is_fully_addressable:
-        return np.asarray(array)
-    if not array.is_fully_replicated:
-        raise ValueError(
-            f"A fetched value of shape {array.shape} is sharded across processes ({array.sharding}); every "
-            "process reads fetches on the host, so fetch values replicated on every device: a mean or a "
-            "sum (a loss, a metric), or jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec()) "
-            "in a fetch function.")
-    return np.asarray(array.addressable_data(0))
-
-
 def _has(hook: Hook, event: str) -> bool:
     """Whether `hook` does something on `event` (the base class's does nothing)."""
     return event in vars(hook) or getattr(type(hook), event) is not getattr(Hook, event)
-
-
-def _sleeps(hook: Hook) -> bool:
-    """Whether the session may skip `hook`'s run events between its triggers: it
-    says so (`idle_between_triggers`), and no subclass or instance of the class that
-    said so replaced those events."""
-    if not hook.idle_between_triggers or {"before_run", "after_run"} & set(vars(hook)):
-        return False
-    for cls in type(hook).__mro__:
-        if "idle_between_triggers" in vars(cls):
-            return True
-        if {"before_run", "after_run"} & set(vars(cls)):
-            return False
-    return False
-
-
-_AWAKE = (0, None, None)
-
-
-def _wake(hook: Hook, step: int) -> tuple[float, Callable[[], float] | None, float | None]:
-    """`(step, clock, time)`: the step a sleeping `hook`'s next call must reach, or
-    the time on `clock` it must reach first (None for none); `_AWAKE` when it must be
-    called on the next run."""
-    steps = hook._idle_steps(step)  # noqa: SLF001 (the sleeping seam of the built-in hooks)
-    if steps == 0:
-        return _AWAKE
-    wake = math.inf if steps is None else step + steps
-    timer = hook.timer
-    if timer is not None and timer.every_steps is None:  # seconds, or never
-        deadline = timer.next_trigger_time()
-        if deadline is None:
-            return _AWAKE  # not triggered yet: due now
-        if deadline != math.inf:
-            return wake, timer.clock, deadline
-    return _AWAKE if wake == math.inf and timer is None else (wake, None, None)
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:

@@ -1,10 +1,10 @@
-"""Accumulators on the device: reductions over every step's values, computed inside
+"""Metrics over steps, on the device: reductions over every step's values, computed inside
 the compiled step, carried between runs in one session-owned array, and read on the
 host only at a trigger (see `Hook.accumulators`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxmon._batches import one_step
 from jaxmon._fetches import normalize, paths
-from jaxmon._hook_runner import to_host
+from jaxmon._host import to_host
 
 
 def check_reduce(owner: str, reduce: object) -> str:
@@ -192,9 +192,10 @@ class _Layout:
         return mask
 
 
-class Monitors:
+class Accumulators:
     """The accumulators of a session's hooks: built on the first run from the shapes of
-    the values, updated inside every compiled step, read at triggers.
+    the values, updated inside every compiled step (`update`, traced), carried between
+    runs in one array this object owns, and read at triggers.
 
     Args:
       hooks: the session's hooks; those with `accumulators` take part.
@@ -219,19 +220,29 @@ class Monitors:
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}
         self._sharding: Any = None
-        self.carry: jax.Array | None = None
+        self._carry: jax.Array | None = None
         self._since: dict[int, int] = {}
         self._last_read: Read | None = None
-        self._step = 0
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
 
     def start(self, step: int) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh."""
-        self.carry, self._step, self._last_read = None, step, None
+        self._carry, self._last_read = None, None
         self._since = {id(hook): step for hook in self._hooks}
 
-    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, sharding: Any) -> None:
-        """Builds the carry before a run when there is none (first run, recovery)."""
+    def carry(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
+              sharding: Any) -> jax.Array:
+        """The carry a run after `step` starts from; built on the first run after `start`."""
+        if self._carry is None:
+            self._prepare(step_fn, state, batch, length, step, sharding)
+        return self._carry
+
+    def advance(self, carry: jax.Array) -> None:
+        """Keeps the carry a run returned."""
+        self._carry = carry
+
+    def _prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
+                 sharding: Any) -> None:
         if self._layout is None:
             one = one_step(batch, length)
 
@@ -243,11 +254,11 @@ class Monitors:
             self._inits = [reduction.init(shape) for (_, _, reduction), shape in zip(self._entries, shapes,
                                                                                       strict=True)]
             self._layout = _Layout([np.array(0, np.int32), *self._inits])
-        host = self._layout.pack_host([np.array(self._step, np.int32), *self._inits])
+        host = self._layout.pack_host([np.array(step, np.int32), *self._inits])
         if sharding is None:
-            self.carry = jax.device_put(host)
+            self._carry = jax.device_put(host)
         else:
-            self.carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+            self._carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
         self._sharding = sharding
 
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
@@ -267,10 +278,15 @@ class Monitors:
             carry = jax.lax.with_sharding_constraint(carry, self._sharding)
         return carry, new_state
 
-    def read(self, step: int, readers: list[Any]) -> Read:
-        """A read of the carry after the run that ended at `step`, for `readers` (hooks
-        that asked); their accumulators start again from this step."""
-        carry = self.carry
+    def read(self, step: int, readers: Sequence[Any]) -> Read | None:
+        """A read of the carry after the run that ended at `step` for `readers` (hooks
+        that asked; None when none did): their accumulators start again from `step`."""
+        if not readers or not self.active or self._carry is None:
+            return None
+        return self._read(step, readers)
+
+    def _read(self, step: int, readers: Sequence[Any]) -> Read:
+        carry = self._carry
         read = self._last_read = Read(self, step, carry,
                                       {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
@@ -278,24 +294,16 @@ class Monitors:
         for hook in readers:
             self._since[id(hook)] = step
         if indices:
-            self.carry = self._restarted(carry, self._layout.restart_mask(indices))
+            self._carry = self._restarted(carry, self._layout.restart_mask(indices))
         return read
-
-    def read_for(self, step: int, entries: list[list]) -> None:
-        """One read at `step` for the hooks of `entries` (`Requests.reading`), if any:
-        each entry's `read` slot gets it."""
-        if entries and self.active:
-            read = self.read(step, [entry[0] for entry in entries])
-            for entry in entries:
-                entry[2] = read
 
     def read_now(self, step: int) -> None:
         """Delivers a read of `step` now (sync, save, close): the run's own, when a hook
         read at that step (delivered now if it was not yet), else a new one."""
         if self._last_read is not None and self._last_read.step == step:
             self._last_read.host()
-        elif self.carry is not None:
-            self.read(step, []).host()
+        elif self._carry is not None:
+            self._read(step, ()).host()
 
     def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
         restart = self._restart.get(mask.tobytes())
@@ -329,16 +337,16 @@ class Read:
     """One read of the accumulators: the copy to the host starts at once, and the values
     are delivered (every hook's `after_read`) the first time they are needed."""
 
-    def __init__(self, monitors: Monitors, step: int, carry: jax.Array, steps: dict[int, int]):
-        self._monitors, self.step, self._carry, self._steps = monitors, step, carry, steps
+    def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, steps: dict[int, int]):
+        self._accumulators, self.step, self._carry, self._steps = accumulators, step, carry, steps
         self._values: dict[int, dict[str, Any]] | None = None
         (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
 
     def host(self) -> dict[int, dict[str, Any]]:
         if self._values is None:
-            self._values = self._monitors.results(to_host(self._carry), self._steps)
+            self._values = self._accumulators.results(to_host(self._carry), self._steps)
             self._carry = None
-            self._monitors.deliver(self.step, self._values)
+            self._accumulators.deliver(self.step, self._values)
         return self._values
 
     def values(self, hook: Any) -> dict[str, Any]:

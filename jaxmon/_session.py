@@ -1,10 +1,12 @@
 """MonitoredSession: the hooked, recoverable training loop around one compiled step.
 
-A run passes through the session's collaborators in this order: `HookEvents`
-(`before_run`), `BatchSource` (the batch), `Dispatch` (feeds, fetch plan, the
-compiled step), `HookEvents` again (`after_run`, late delivery), with `StateKeeper`
-(create, restore, recover), `Preemption` and, with several processes, `AgreedRuns`
-around it. `docs/architecture.md` draws the whole path.
+One run: the batch (`BatchSource`), every awake hook's `before_run` as one `RunPlan`
+(`HookRunner`), one dispatch that returns one `RunResult` (`Dispatch`), the
+accumulators' read (`Accumulators`), then the `after_run`s (`HookRunner`); a run every
+hook sleeps through takes the same path with the empty plan. Around it: the state's
+life (`StateLife`: create, restore, recover), the stop decision (`Stopping`) and, with
+several processes, the agreement points (`AgreedRuns`). `docs/architecture.md` draws
+the whole path.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import jax
 from jaxmon import _agree, _errors, _fetches, _sharding
 from jaxmon._batches import BatchSource, as_run
 from jaxmon._checkpoint import WarmStartReport
-from jaxmon._dispatch import NOTHING_FETCHED, Dispatch
-from jaxmon._hook import Hook, RunArgs, RunContext
-from jaxmon._hook_runner import HookEvents
-from jaxmon._metrics import Monitors
-from jaxmon._preemption import Preemption
-from jaxmon._state_life import Snapshot, StateKeeper
+from jaxmon._dispatch import Dispatch
+from jaxmon._hook import Hook
+from jaxmon._hook_runner import HookRunner
+from jaxmon._metrics import Accumulators
+from jaxmon._state_life import Snapshot, StateLife
+from jaxmon._stopping import Preemption, Stopping
 
 logger = logging.getLogger("jaxmon")
 
@@ -50,39 +52,23 @@ class MonitoredSession:
       initial_step: the step number a hand-restored initial state has completed.
       max_recoveries: how many times one `run()` (or the creation) re-creates the state and retries after
         `AbortedError`/`UnavailableError` (TF: forever).
-      checkpoint_dir: restore the latest checkpoint here (state, step, data position, hooks' own state) at creation
-        and after a recoverable error, else call `init_fn`; a broken latest checkpoint is reported and the one before
-        it used. Default: the `checkpoint_dir` of the first hook that has one.
-      warm_start: on the fresh-init path only: a checkpoint (a run's or one step's directory) whose leaves replace the
-        fresh state's where path, shape and dtype match (`warm_start_report` says which), or a function `state ->
-        state`. In a state with `params` (`jm.TrainState`), `opt_state`, `step` and `rng` start fresh, as in TF's warm
-        start.
+      checkpoint_dir: restore the latest complete checkpoint here (state, step, data position, hooks' states) at
+        creation and after a recoverable error, else call `init_fn`. Default: the first saver hook's directory.
+      warm_start: fresh starts only: a checkpoint whose matching leaves replace the fresh state's, or `fn(state) ->
+        state` (see the README, "Checkpoints").
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
-      handle_sigterm: on SIGTERM, or Ctrl-C inside `with` (main thread), save at the next step boundary and stop
-        (Ctrl-C: `KeyboardInterrupt` once closed); a second one acts at once. Several processes: JAX's preemption
-        service agrees on the SIGTERM step.
-      mesh: a `jax.sharding.Mesh`: the state is placed and kept on it with `state_sharding` (donated still); each
-        batch is assembled with `batch_sharding` from this process's part (`jax.make_array_from_process_local_data`).
-        Checkpoints restore onto the current mesh, whatever mesh saved them.
-      state_sharding: None (replicated), a `PartitionSpec` for every leaf, a pytree of them that is a prefix of the
-        state (`{"params": P(), "opt": P()}`), or a function `abstract_state -> such a pytree`.
-      batch_sharding: the same for batches; None shards the leading axis of every batch array over all the mesh's axes
-        and replicates scalars. With several processes, fetched values must be replicated (a loss and metrics are).
-      steps_per_dispatch: run up to this many steps per `run()` in one dispatch (`jax.lax.scan` over batches from
-        `data`, or a list given to `run()`), cut so that every step-based trigger (a hook's `steps_to_next_trigger`)
-        ends a run on its exact step. Run lengths are powers of two: log2(k) + 1 programs per fetch set, compiled in
-        the background when the set first runs, so that no shorter run stalls later. Hooks see one `before_run` /
-        `after_run` per run (`ctx.steps` steps) with the last step's outputs, as TF's `steps_per_run`; seconds-based
-        triggers fire at run ends. One process, no mesh.
-      max_dispatch_ahead: at most this many steps queued without waiting for one. "auto": 16 on several CPU devices
-        (XLA aborts when ~50 programs with collectives queue up there), else None.
-      prefetch: with one step per run, how many batches of `data` are taken ahead and sent to the device (with a mesh:
-        this process's part, with the batch sharding) while steps run (0: none).
-      agree_every_n_steps: with several JAX processes, the longest stretch of steps between two agreements
-        (`jm.PeerError`): they agree where some hook of any process acts and at every multiple of this, never in
-        between. A stop request takes effect at the next agreement; each process keeps up to this many batches of
-        `data` taken ahead on the host.
+      handle_sigterm: on SIGTERM, or Ctrl-C inside `with`, save at the next step boundary and stop.
+      mesh: a `jax.sharding.Mesh` the state and batches are placed on (see the README, "Scaling out").
+      state_sharding: None (replicated), a `PartitionSpec`, a prefix pytree of them, or `fn(abstract_state)`.
+      batch_sharding: the same for batches; None shards every batch array's leading axis over the whole mesh.
+      steps_per_dispatch: up to this many steps per `run()`, scanned in one dispatch and cut at every hook's exact
+        step-based trigger (see the README, "Speed"). One process, no mesh.
+      max_dispatch_ahead: at most this many steps queued without waiting for one ("auto": 16 on several CPU
+        devices, else None).
+      prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
+      agree_every_n_steps: with several JAX processes, the most steps between two agreements (see the README,
+        "Scaling out").
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -109,30 +95,31 @@ class MonitoredSession:
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        self._events = HookEvents(hooks, request_stop=self.request_stop)
-        self._monitors = Monitors(self.hooks, on_read=self._events.after_read)
-        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, monitors=self._monitors,
-                                  max_dispatch_ahead=max_dispatch_ahead, steps_per_dispatch=steps_per_dispatch)
+        self._runner = HookRunner(hooks)
+        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
+        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
+                                  accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
+                                  steps_per_dispatch=steps_per_dispatch)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
-        self._batches = BatchSource(data, steps_per_dispatch, self._events.steps_to_next_trigger, prefetch=prefetch,
+        self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
                                     put=placement and placement.place_batch)
-        self._keeper = StateKeeper(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
-                                   warm_start=warm_start, initial_step=initial_step, config=config,
-                                   hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
-        self.restored_step: int | None = None  # the checkpoint's step the session was created from
-        self.warm_start_report: WarmStartReport | None = None  # what warm_start took
-        self._state, self._step, self._stop_requested, self._closed = None, initial_step, False, False
-        self._agreed = None if jax.process_count() == 1 else _agree.AgreedRuns(self._batches, self.hooks, self._events,
-            step=lambda: self._step, stop_asked=lambda: self._stop_requested, every_n_steps=agree_every_n_steps)
-        self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=self._agreed is not None)
+        self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
+                               warm_start=warm_start, initial_step=initial_step, config=config,
+                               hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
+        self._state, self._step, self._closed = None, initial_step, False
+        several = jax.process_count() > 1
+        self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
+        self._stopping = Stopping(self._preemption, agreed=several)
+        self._agreed = _agree.AgreedRuns(self._batches, self._runner, self._stopping, self,
+                                         every_n_steps=agree_every_n_steps) if several else None
         try:
-            self._events.begin(initial_step)
-            self._keeper.create(self._created)
+            self._runner.begin(initial_step)
+            self._life.create(self._created)
         except BaseException:
             self._closed = True
             self._batches.give_back()  # a loader's worker processes too
-            self._events.close(raise_errors=False)  # release what begin() opened
+            self._runner.close(raise_errors=False)  # release what begin() opened
             raise
 
     def run(self, batch: Any = None, *, fetches: Any = None) -> Any:
@@ -149,7 +136,7 @@ class MonitoredSession:
           RuntimeError: the session was asked to stop, or is closed.
           StopIteration: `data` (or a hook) ended; inside `with`, the block ends cleanly.
         """
-        _check_can_run(self._closed, self._stop_requested if self._agreed is None else self._agreed.stopped)
+        _check_can_run(self._closed, self._stopping.decided)
         wanted = _fetches.normalize(fetches, "run(fetches=...)")
         if self._agreed is not None:
             return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
@@ -161,50 +148,52 @@ class MonitoredSession:
                         batch, take = self._batches.next(self._step), False
                     return self._run_once(batch, fetches, wanted)
                 except Exception as error:
-                    if not _errors.is_recoverable(error) or attempt > self._keeper.max_recoveries:
+                    if not _errors.is_recoverable(error) or attempt > self._life.max_recoveries:
                         raise
                     logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
-                                   error, attempt, self._keeper.max_recoveries)
-                    self._keeper.create(self._created, recovering=error)
+                                   error, attempt, self._life.max_recoveries)
+                    self._life.create(self._created, recovering=error)
                     # A batch in hand is past the restored data position: take the next one.
-                    take = take or (from_data and self._batches.rewound)
+                    take = take or (from_data and self._life.data_rewound)
         except StopIteration:
-            self._stop_requested = True  # end of data: a clean stop
+            self._stopping.request()  # end of data: a clean stop
             raise
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
-        """One run: `before_run`s, one dispatch, `after_run`s; none if every hook sleeps (`HookEvents.quiet`)."""
+        """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
         length, batch, given = as_run(batch, self.steps_per_dispatch)
-        if wanted is None and not self._preemption.requested and self._events.quiet(self._step + length):
-            self._state, outputs, _ = self._dispatch(self._state, batch, NOTHING_FETCHED, length, self._step)
-            self._step += length
-            self._stop_requested |= self._preemption.after_run(self._step)  # several processes: JAX's sync point
-            self._events.deliver_late()  # the run before's, if it asked
-            return outputs
-        ctx = RunContext(self._step, self, RunArgs(fetches, given), steps=length)
-        requests = self._events.before_run(ctx)
-        fed, plan, fetching = self._dispatch.plan(batch, requests, wanted, length)
-        self._state, outputs, fetched = self._dispatch(self._state, fed, plan, length, self._step, unfed=batch)
-        self._step += length
-        self._stop_requested |= self._preemption.after_run(self._step)
-        self._monitors.read_for(self._step, requests.reading)
-        caller, *results = plan.route(outputs, fetched)
-        caller = self._events.after_run(ctx, self._step, outputs, requests, caller, fetching, results)
-        return outputs if caller is None else caller
+        if self._preemption.requested:
+            self._runner.reschedule()  # a saver's next trigger is now
+        plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
+        result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
+        self._state, self._step = result.state, self._step + length
+        self._stopping.after_run(self._step)  # several processes: JAX's preemption sync point
+        read = self._accumulators.read(self._step, plan.readers)
+        caller = self._runner.after_run(plan, result, self._step, read)
+        return result.outputs if caller is None else caller
 
     def _created(self, state: Any, step: int) -> None:
         """A state was built or restored: keep it, then tell every hook."""
         self._state, self._step = state, step
-        self.restored_step, self.warm_start_report = self._keeper.restored_step, self._keeper.warm_start_report
         self._dispatch.keep_on_mesh(state)
-        self._monitors.start(step)
-        self._events.after_create_session(self)
+        self._accumulators.start(step)
+        self._runner.after_create_session(self)
+
+    @property
+    def restored_step(self) -> int | None:
+        """The step of the checkpoint the session was created from (None: a fresh start)."""
+        return self._life.restored_step
+
+    @property
+    def warm_start_report(self) -> WarmStartReport | None:
+        """What `warm_start` took (None: no warm start)."""
+        return self._life.warm_start_report
 
     def sync(self) -> None:
         """Delivers every pending late `after_run` now (see `RunArgs.late`) and reads the hooks'
         accumulators (every `after_read`), waiting for the device only as long as that needs."""
-        self._events.deliver_late()
-        self._monitors.read_now(self._step)
+        self._runner.deliver_late()
+        self._accumulators.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
         """`fetches` (as `RunArgs.fetches`) on the current state and the last run's batch and outputs, as
@@ -216,16 +205,16 @@ class MonitoredSession:
         """What a checkpoint of the current step holds, or None (logged) when it must not
         be saved. It syncs first (a NaN check passes on the state); with several JAX
         processes all save or none does."""
-        return self._keeper.snapshot(self._state, self._step, sync=self.sync, peers=self._agreed)
+        return self._life.snapshot(self._state, self._step, sync=self.sync, peers=self._agreed)
 
     def after_hooks(self, fn: Callable[[], Any]) -> None:
         """Calls `fn()` once every hook's event now under way is done (then saved, step N has them all)."""
-        self._events.later(fn)
+        self._runner.later(fn)
 
     def resume_info(self) -> dict[str, Any]:
         """What a checkpoint stores beside the state (JSON): the step, the data position
         (from `get_state()`), every hook's `get_state()`, the config, the versions."""
-        return self._keeper.resume_info(self._step)
+        return self._life.resume_info(self._step)
 
     def agree_all(self, flag: bool) -> bool:
         """Whether `flag` holds on every JAX process of the run: `flag` itself with one
@@ -235,12 +224,12 @@ class MonitoredSession:
     def reject_state(self, reason: str) -> None:
         """Marks the current state, and every later one until a recovery re-creates
         it, as not fit to save (a `NanHook` that stops cleanly calls it)."""
-        self._keeper.reject(reason)
+        self._life.reject(reason)
 
     @property
     def state_rejected(self) -> str | None:
         """Why the current state must not be saved (see `reject_state`), or None."""
-        return self._keeper.rejected
+        return self._life.rejected
 
     @property
     def peer_lost(self) -> bool:  # True once another JAX process of the run stopped answering
@@ -248,13 +237,12 @@ class MonitoredSession:
 
     def should_stop(self) -> bool:
         """True once a stop was requested, data ended, SIGTERM came, or the session closed."""
-        stop = self._stop_requested if self._agreed is None else self._agreed.stopped
-        return stop or self._preemption.requested or self._closed
+        return self._stopping.should_stop() or self._closed
 
     def request_stop(self) -> None:
         """Asks the loop to stop; `should_stop()` is True from now on (several JAX processes: from the
         next agreement point on, where all stop; see `agree_every_n_steps`)."""
-        self._stop_requested = True
+        self._stopping.request()
 
     @property
     def preemption_requested(self) -> bool:
@@ -278,14 +266,14 @@ class MonitoredSession:
             if clean:
                 self._agreed and self._agreed.close()  # several processes: an error held since the last agreement
                 self.sync()
-                self._events.end(self)
+                self._runner.end(self)
             else:
-                _quietly(self._events.deliver_late, "delivering the last late results")
+                _quietly(self._runner.deliver_late, "delivering the last late results")
             ok = True
         finally:
             self._dispatch.close()  # compilations ahead not started are dropped
             self._batches.give_back()
-            self._events.close(raise_errors=ok and clean)
+            self._runner.close(raise_errors=ok and clean)
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:
@@ -314,16 +302,16 @@ class MonitoredSession:
     @property
     def last_outputs(self) -> Mapping[str, Any]:
         """The last run's outputs (device arrays); empty before the first run."""
-        return self._dispatch.last_run[1]
+        return self._dispatch.last_outputs
 
     @property
     def hooks(self) -> tuple[Hook, ...]:
-        return self._events.hooks
+        return self._runner.hooks
 
     @property
     def checkpoint_dir(self) -> str | None:
         """Where the session restores from (None: it never restores)."""
-        return self._keeper.checkpoint_dir
+        return self._life.checkpoint_dir
 
     @property
     def compile_count(self) -> int:

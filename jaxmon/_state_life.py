@@ -14,7 +14,8 @@ import numpy as np
 
 from jaxmon import _checkpoint, _errors, _sharding
 from jaxmon._batches import BatchSource
-from jaxmon._hook import Hook
+from jaxmon._hook import Hook, Saver
+from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
 
@@ -28,7 +29,7 @@ class Snapshot(NamedTuple):
     meta: dict[str, Any]
 
 
-class StateKeeper:
+class StateLife:
     """Builds the session's state, or restores it with its step, data position and
     hook states, and says what a checkpoint of it must hold (`resume_info`).
 
@@ -57,7 +58,7 @@ class StateKeeper:
         self._placement = placement
         self._like = None if state is None or placement is not None else _checkpoint.abstract_like(state)
         if checkpoint_dir is None:
-            checkpoint_dir = next((hook.checkpoint_dir for hook in hooks if hook.checkpoint_dir is not None), None)
+            checkpoint_dir = next((saver.checkpoint_dir for saver in _savers(hooks)), None)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._warm_start = warm_start
         self._initial_step = initial_step
@@ -69,6 +70,8 @@ class StateKeeper:
         self.warm_start_report: _checkpoint.WarmStartReport | None = None
         #: Why the current state must not be saved (None: it may be).
         self.rejected: str | None = None
+        #: True when the last creation set the data back to a checkpoint's position.
+        self.data_rewound = False
 
     def create(self, ready: Callable[[Any, int], None], recovering: BaseException | None = None) -> None:
         """Restores the latest checkpoint or builds a fresh state and passes it to
@@ -94,7 +97,7 @@ class StateKeeper:
 
     def _restore_or_init(self, recovering: BaseException | None) -> tuple[Any, int]:
         restored = self._restore(recovering)
-        self.rejected, self._batches.rewound = None, False
+        self.rejected, self.data_rewound = None, False
         if restored is not None:
             state, step = self._resume(restored, recovering), restored.step
         else:
@@ -108,8 +111,8 @@ class StateKeeper:
         if self.checkpoint_dir is None or not _checkpoint.complete_steps(self.checkpoint_dir):
             return None
         if recovering is not None:
-            for hook in self._hooks:  # a save in flight is the checkpoint to go back to
-                hook.wait_until_finished()
+            for saver in _savers(self._hooks):  # a save in flight is the checkpoint to go back to
+                saver.wait_until_finished()
         if self._like is None:
             self._like = (_restore_target(self._init_fn) if self._placement is None
                           else self._placement.like(jax.eval_shape(self._make_state)))
@@ -124,12 +127,13 @@ class StateKeeper:
         recovery, where hooks keep their own state as in TF) hook states; returns its
         state."""
         self.restored_step = restored.step
-        self._batches.restore(_data_position(restored.meta, restored.step), restored.step, recovering is not None)
+        self.data_rewound = self._batches.restore(_data_position(restored.meta, restored.step), restored.step,
+                                                  recovering is not None)
         if recovering is None:
             saved = restored.meta.get("hooks") or {}
             for (key, hook), legacy in zip(_hook_keys(self._hooks), _legacy_hook_keys(self._hooks), strict=True):
                 if key in saved or legacy in saved:
-                    hook.set_state(saved[key] if key in saved else saved[legacy])
+                    _set_hook_state(hook, saved[key] if key in saved else saved[legacy])
         logger.info("Restored step %d from %s.", restored.step, self.checkpoint_dir)
         return restored.state
 
@@ -167,7 +171,7 @@ class StateKeeper:
         """The metadata a checkpoint of `step` holds (see `MonitoredSession.resume_info`)."""
         hooks = {}
         for key, hook in _hook_keys(self._hooks):
-            state = hook.get_state()
+            state = _hook_state(hook)
             if state is not None:
                 hooks[key] = state
         info = {
@@ -255,6 +259,29 @@ def _restore_target(init_fn: Callable[[], Any]) -> Any:
     if jax.device_count() > 1 and any(getattr(leaf, "sharding", None) is None for leaf in jax.tree.leaves(abstract)):
         return _checkpoint.abstract_like(init_fn())
     return _checkpoint.abstract_like(abstract)
+
+
+def _savers(hooks: tuple[Hook, ...]) -> list[Saver]:
+    """The hooks that write checkpoints (the `Saver` protocol), in list order."""
+    return [hook for hook in hooks if getattr(hook, "checkpoint_dir", None) is not None
+            and callable(getattr(hook, "wait_until_finished", None))]
+
+
+def _hook_state(hook: Hook) -> dict[str, Any] | None:
+    """`hook.get_state()`; for an older hook that relied on `Hook.get_state` saving its
+    `timer` (deprecated), that timer's last trigger."""
+    state = hook.get_state()
+    timer = getattr(hook, "timer", None)
+    if state is None and type(hook).get_state is Hook.get_state and isinstance(timer, SecondOrStepTimer):
+        state = {"timer": timer.get_state()}
+    return state
+
+
+def _set_hook_state(hook: Hook, state: dict[str, Any]) -> None:
+    timer = getattr(hook, "timer", None)
+    if type(hook).set_state is Hook.set_state and isinstance(timer, SecondOrStepTimer) and "timer" in state:
+        timer.set_state(state["timer"])
+    hook.set_state(state)
 
 
 def _hook_keys(hooks: tuple[Hook, ...]) -> list[tuple[str, Hook]]:

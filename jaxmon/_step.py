@@ -87,7 +87,8 @@ class CompiledStep:
     program compiled (or waits only for the rest of its compilation).
     """
 
-    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,)):
+    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
+                 accumulate: Callable[..., tuple[Any, Any]] | None = None):
         check_step_fn(step_fn)
         self.step_fn = step_fn
         self._donate = (0,) if donate_state else ()
@@ -98,26 +99,33 @@ class CompiledStep:
         self._ahead: dict[tuple, concurrent.futures.Future] = {}  # (key, length) compiling in the background
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._first_batch: dict[str, str] | None = None  # {path: "dtype[shape]"} of the first traced batch
-        #: The step before the run being dispatched (set by the caller; warnings name the next).
-        self.step = 0
-        #: The session's `_monitors.Monitors` when some hook has accumulators: their
-        #: update is traced into every step. Set before the first call.
-        self.monitors: Any = None
-        #: Applied to the new state inside the step (a sharded session keeps the state
-        #: on its shardings with it); set before the first call.
-        self.state_constraint: Callable[[Any], Any] | None = None
+        self._step = 0  # the step before the run being dispatched (warnings name the next)
+        # `accumulate(carry, state, new_state, batch, outputs) -> (carry, new_state)`: the
+        # hooks' accumulators, traced into every step (see `_metrics.Accumulators.update`).
+        self._accumulate = accumulate
+        self._state_constraint: Callable[[Any], Any] | None = None
 
     @property
     def trace_count(self) -> int:
         return len(self._traces)
 
+    @property
+    def constrained(self) -> bool:
+        return self._state_constraint is not None
+
+    def constrain_state(self, constraint: Callable[[Any], Any]) -> None:
+        """Applies `constraint` to every new state inside the step (a sharded session
+        keeps the state on its shardings with it); before the first call."""
+        self._state_constraint = constraint
+
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1, carry: Any = None, unfed: Any = None):
-        """One dispatch: one step, or with `length` > 1 that many steps scanned over
-        the leading axis of `batch` (outputs and fetches of the last step). With
-        `monitors` set, `carry` is their accumulators before the run; the call then
-        returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch` without
-        the hooks' feeds (the batch of a run without hooks), when they differ."""
+                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0):
+        """One dispatch after `step`: one step, or with `length` > 1 that many steps
+        scanned over the leading axis of `batch` (outputs and fetches of the last
+        step). With `accumulate`, `carry` is the accumulators before the run; the call
+        then returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
+        without the hooks' feeds (the batch of a run without hooks), when they differ."""
+        self._step = step
         variant = self._variants.get((key, length))
         if variant is not None:
             ahead = self._ahead.pop((key, length), None)
@@ -126,9 +134,9 @@ class CompiledStep:
             try:
                 return variant(state, batch, carry)
             except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
-                check_batch(batch, self.step + 1)
+                check_batch(batch, step + 1)
                 raise
-        check_batch(batch, self.step + 1)
+        check_batch(batch, step + 1)
         variant = self._variant(key, owners, length)
         if len(self.lengths) > 1:  # taken before the call, which donates the state
             arguments = abstract(state), abstract(carry)
@@ -186,14 +194,14 @@ class CompiledStep:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
-        monitors = self.monitors
+        accumulate, constraint = self._accumulate, self._state_constraint
 
         def one_step(state, carry, batch):
             new_state, outputs = _check_result(self.step_fn(state, batch), state)
             if carry is not None:
-                carry, new_state = monitors.update(carry, state, new_state, batch, outputs)
-            if self.state_constraint is not None:
-                new_state = self.state_constraint(new_state)
+                carry, new_state = accumulate(carry, state, new_state, batch, outputs)
+            if constraint is not None:
+                new_state = constraint(new_state)
             return new_state, carry, outputs
 
         def scanned(both, batch):
@@ -225,7 +233,7 @@ class CompiledStep:
         empty = [path for path, leaf in jax.tree_util.tree_leaves_with_path(batch)
                  if getattr(leaf, "shape", (1,))[:1] == (0,)]
         if empty:
-            raise ValueError(f"The batch of step {self.step + 1} is empty: batch{jax.tree_util.keystr(empty[0])} "
+            raise ValueError(f"The batch of step {self._step + 1} is empty: batch{jax.tree_util.keystr(empty[0])} "
                              "has 0 rows. A loader that filters or splits its data can yield an empty batch at the "
                              "end of an epoch: drop it (drop_remainder=True) or skip empty batches.")
         if self._first_batch is None:
@@ -238,7 +246,7 @@ class CompiledStep:
                 "The batch of step %d has other shapes than the first batch: %s. The step compiles "
                 "again for every new shape (seconds on a real model, a stall mid-run). Give every batch one "
                 "shape: pad the last one (and mask the padding), or drop it (ArrayDataSource drops it by "
-                "default).", self.step + 1, "; ".join(changed))
+                "default).", self._step + 1, "; ".join(changed))
 
     def evaluate(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, outputs: Any, owners: Mapping) -> tuple:
         """The fetch callables of `key` on `(state, batch, outputs)`, jitted once per key."""

@@ -5,8 +5,37 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from jaxmon._errors import check_int, check_number
+
+
+class Trigger(NamedTuple):
+    """When a hook must next act (what `Hook.next_trigger` returns): after the run
+    that reaches `step`, or after the first run once `clock()` reaches `time`,
+    whichever comes first. Until then the session skips the hook's `before_run` and
+    `after_run`.
+
+    Attributes:
+      step: the step number after the run on which the hook acts next (inf: none).
+      time: the time on `clock` from which it acts on every run (inf: none).
+      clock: the clock `time` is on.
+      exact: with several steps per run, end a run exactly at `step` (False: a
+        later run will do, e.g. a check that may come a few steps late).
+
+    Example:
+      >>> Trigger(step=100)  # acts on the run that reaches step 100
+      Trigger(step=100, time=inf, clock=None, exact=True)
+    """
+
+    step: float = math.inf
+    time: float = math.inf
+    clock: Callable[[], float] | None = None
+    exact: bool = True
+
+    def reached(self, next_step: int) -> bool:
+        """Whether a run that ends at `next_step` must call the hook."""
+        return next_step >= self.step or (self.clock is not None and self.clock() >= self.time)
 
 
 class SecondOrStepTimer:
@@ -89,6 +118,14 @@ class SecondOrStepTimer:
             return None
         return 1 if self._last_step is None else max(1, self._last_step + self.every_steps - step)
 
+    def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
+        """The `Trigger` of a hook that acts when this timer is due, asked after `step`;
+        None while it has never triggered (it is due at the next run)."""
+        if self.every_steps:
+            return Trigger(step + self.steps_to_next_trigger(step), exact=exact)
+        deadline = self.next_trigger_time()
+        return None if deadline is None else Trigger(time=deadline, clock=self._clock)
+
     def next_trigger_time(self) -> float | None:
         """The time (on `clock`) of the next seconds-based trigger, or None for a timer
         that counts steps or has not triggered yet (it is due now)."""
@@ -140,6 +177,9 @@ class NeverTriggerTimer(SecondOrStepTimer):
 
     def next_trigger_time(self) -> float:
         return math.inf
+
+    def next_trigger(self, step: int, exact: bool = True) -> Trigger:
+        return Trigger()
 
     def __repr__(self) -> str:
         return "NeverTriggerTimer()"

@@ -11,6 +11,7 @@ import pytest
 
 import jaxmon as jm
 from jaxmon import _agree
+from jaxmon._stopping import Preemption, Stopping
 
 INF = math.inf
 
@@ -83,7 +84,9 @@ class FakeBatches:
     has_data = False
 
 
-class FakeEvents:  # hooks that never act
+class FakeRunner:  # hooks that never act
+    hooks = ()
+
     def next_event(self):
         return INF, INF
 
@@ -91,11 +94,22 @@ class FakeEvents:  # hooks that never act
         pass
 
 
+class FakeSession:
+    """The session's step: `step[0]`."""
+
+    def __init__(self, step):
+        self._step = step
+
+    @property
+    def step(self):
+        return self._step[0]
+
+
 def runs(peers):
-    """An `AgreedRuns` agreeing every 8 steps; `step[0]` is its step."""
+    """An `AgreedRuns` agreeing every 8 steps, and its `Stopping`; `step[0]` is its step."""
     step = [0]
-    agreed = _agree.AgreedRuns(FakeBatches(), [], FakeEvents(), step=lambda: step[0], stop_asked=lambda: False,
-                               every_n_steps=8)
+    stopping = Stopping(Preemption(handle_sigterm=False, several_processes=False), agreed=True)
+    agreed = _agree.AgreedRuns(FakeBatches(), FakeRunner(), stopping, FakeSession(step), every_n_steps=8)
     return agreed, step
 
 
@@ -126,7 +140,7 @@ def test_an_error_between_agreement_points_is_raised_at_the_next_one(peers):
         agreed.run(run_once, {})
     with pytest.raises(ValueError, match="step 3"):
         agreed.run(run_once, {})
-    assert peers.steps == [0, 8] and agreed.stopped
+    assert peers.steps == [0, 8] and agreed._stopping.decided
 
 
 def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(peers):

@@ -2,16 +2,16 @@
 step, read on the host only at a trigger, a save, sync() or close()."""
 
 import json
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import slow_matmuls
+from helpers import forever, slow_matmuls
 
 import jaxmon as jm
+from jaxmon._checkpoint import complete_steps as saved_steps
 
 
 def counting_step(state, batch):
@@ -24,15 +24,6 @@ def counting_step(state, batch):
 
 def fresh():
     return {"n": jnp.zeros((), jnp.int32), "w": jnp.zeros((), jnp.float32)}
-
-
-def forever():
-    while True:
-        yield {}
-
-
-def saved_steps(directory):
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
 # -- NanHook: the exact first non-finite step ------------------------------------------------
@@ -201,7 +192,7 @@ def test_a_hook_reads_its_own_reduction_over_each_window(k):
     compiled = sess.compile_count  # with k=4, runs of 2 and 1 steps are compiled ahead too
     sess.close()
     assert hook.reads == [4, 8, 12]  # close had nothing new to read
-    assert compiled == k.bit_length() and sess._monitors.compile_count == 1
+    assert compiled == k.bit_length() and sess._accumulators.compile_count == 1
 
 
 def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
@@ -407,7 +398,7 @@ def test_the_built_in_periodic_hooks_sleep_between_their_step_triggers(tmp_path)
     woken = []
     for _ in range(25):
         sess.run({})
-        woken.append([wake for wake, _, _ in sess._events._wake])
+        woken.append([trigger.step for trigger in sess._runner._wake])
     sess.close()
     # Each is next needed at the step of its next trigger (the step counter's first trigger only starts its clock).
     # After each run the session knows when each sleeps till: no run in between calls one.
@@ -423,15 +414,17 @@ class FakeClock:
 
 
 def count_calls(sess):
-    """Wraps the session's `before_run` dispatch: the list of the steps of the runs
-    that called hooks at all."""
-    calls, before_run = [], sess._events.before_run
+    """Wraps the hook runner's `before_run`: the list of the steps of the runs that
+    called hooks at all."""
+    calls, before_run = [], sess._runner.before_run
 
-    def counted(ctx):
-        calls.append(ctx.next_step)
-        return before_run(ctx)
+    def counted(*args, **kwargs):
+        plan = before_run(*args, **kwargs)
+        if plan.ctx is not None:
+            calls.append(plan.ctx.next_step)
+        return plan
 
-    sess._events.before_run = counted
+    sess._runner.before_run = counted
     return calls
 
 

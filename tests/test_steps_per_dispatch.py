@@ -1,9 +1,9 @@
 """steps_per_dispatch: several steps per run in one scan, runs aligned on every trigger.
 
-TF's `steps_per_run` fired triggers late, at the first run end past them (reference spec
-items 94 and 100: saves at 5, 15, 25 for save_steps=10 with 5 steps per run). jaxmon cuts
-its runs (power-of-two lengths) so that every step-based trigger fires on its exact step,
-the step it would fire on with one step per run (DESIGN item 3).
+TF's `steps_per_run` fired triggers late, at the first run end past them (saves at 5, 15,
+25 for save_steps=10 with 5 steps per run, summaries likewise). jaxmon cuts its runs
+(power-of-two lengths) so that every step-based trigger fires on its exact step, the step
+it would fire on with one step per run.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import RecordingHook, RecordingWriter
+from helpers import RecordingHook, RecordingWriter, float_zero, window_means
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
+from jaxmon._checkpoint import complete_steps
 
 # -- shared pieces ---------------------------------------------------------------------------
 
@@ -62,10 +63,6 @@ def ones(n):
     return [{"x": np.float32(1.0)} for _ in range(n)]
 
 
-def float_zero():
-    return jnp.zeros((), jnp.float32)
-
-
 def train(hooks, last_step, k, data=None, step_fn=add_step, init_fn=float_zero, **kwargs):
     """Runs `add_step` until `last_step` with `k` steps per dispatch; returns (session, run lengths)."""
     lengths = RunLengths()
@@ -88,12 +85,6 @@ def event_steps(logdir, tag):
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
     return [(event.step, event.value) for event in acc.Scalars(tag)]
-
-
-def steps_on_disk(directory):
-    directory = os.fspath(directory)
-    return sorted(int(name) for name in os.listdir(directory)
-                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
 
 
 # -- a small optax MLP over an ArrayDataSource -----------------------------------------------
@@ -179,15 +170,7 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
     assert loss < first  # it trained
 
 
-# -- 2: every trigger on its exact step (items 94 and 100, aligned) ----------------------------
-
-
-def window_means(values, steps, start=0):
-    """What reduce="mean" writes at `steps`: the mean of `values[t]` (the output of step t)
-    over the steps after the previous write (or after `start`) up to the write step."""
-    bounds = [start, *steps]
-    return [float(np.mean([values[t] for t in range(lo + 1, hi + 1)])) for lo, hi in zip(bounds[:-1], steps,
-                                                                                          strict=True)]
+# -- 2: every trigger on its exact step, where TF with several steps per run fired late -------
 
 
 def test_summaries_every_8_steps_land_on_1_9_17_25_with_that_steps_values(tmp_path):
@@ -223,9 +206,9 @@ def test_checkpoints_every_10_steps_land_on_0_10_20_30(k, runs, tmp_path):
     hook = jm.CheckpointSaverHook(directory, save_steps=10, max_to_keep=None)
     sess, lengths = train([hook], last_step=35, k=k)
     assert sess.step == 35
-    # TF with 5 steps per run saved at 5, 15, 25 (item 94); here runs end on each multiple of 10
+    # TF with 5 steps per run saved at 5, 15, 25; here runs end on each multiple of 10
     assert hook.saved_steps == [0, 10, 20, 30, 35]  # 35: the end saves the last, unsaved step
-    assert steps_on_disk(directory) == [0, 10, 20, 30, 35]
+    assert complete_steps(directory) == [0, 10, 20, 30, 35]
     for step in (0, 10, 20, 30, 35):
         restored = jm.restore_checkpoint(os.fspath(directory), step=step, like=float_zero())
         assert restored.step == step and float(restored.state) == step
@@ -287,7 +270,7 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_pa
     assert math.ceil(1000 / 32) <= len(lengths.runs) <= 1000 / 32 + 1000 / 100 + 2
     assert sum(lengths.lengths) == 1000
     assert [step for step, _ in jsonl_steps(tmp_path / "metrics.jsonl", "loss")] == list(range(1, 1000, 100))
-    assert steps_on_disk(tmp_path / "ckpt") == [0, 1000]
+    assert complete_steps(tmp_path / "ckpt") == [0, 1000]
 
 
 def test_batches_already_on_the_device_are_stacked_inside_the_step_with_the_same_result():
@@ -304,16 +287,11 @@ class EveryFifteen(jm.Hook):
     """Fetches a callable at steps 1, 16, 31, ... and sleeps between: with 8 steps per
     run, its triggers cut the runs into 8, 4, 2 and 1 steps."""
 
-    idle_between_triggers = True
-
     def __init__(self):
         self.fetched = []
 
-    def steps_to_next_trigger(self, step):
-        return (1 - step) % 15 or 15
-
-    def _idle_steps(self, step):
-        return self.steps_to_next_trigger(step)
+    def next_trigger(self, step):
+        return jm.Trigger(step + ((1 - step) % 15 or 15))
 
     def before_run(self, ctx):
         if (ctx.step + ctx.steps) % 15 == 1:
@@ -492,8 +470,8 @@ def test_a_nan_in_the_middle_of_a_run_is_reported_at_its_exact_step():
 
 @pytest.mark.parametrize("reduce", ["last", "mean"])
 @pytest.mark.parametrize("every, k", [(10, 5), (5, 5), (5, 10)])
-def test_item_100_settings_write_summaries_where_one_step_per_run_does(every, k, reduce):
-    # TF (item 100): (10, 5) -> 15, 25; (5, 5) -> 10, 15, 20, 25; (5, 10) -> 20, 30, 40, 50
+def test_settings_tf_wrote_late_write_summaries_where_one_step_per_run_does(every, k, reduce):
+    # TF wrote at (every, k) = (10, 5): 15, 25; (5, 5): 10, 15, 20, 25; (5, 10): 20, 30, 40, 50
     written = {}
     for steps in (1, k):
         writer = written[steps] = RecordingWriter()

@@ -13,8 +13,9 @@ import numpy as np
 
 from jaxmon import _checkpoint
 from jaxmon._errors import check_int
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -46,7 +47,7 @@ class CheckpointSaverListener:
         """Called once at the hook's `end`, after its final save."""
 
 
-class CheckpointSaverHook(Hook):
+class CheckpointSaverHook(TimedHook):
     """Saves the state with Orbax at TF's save points: at session creation, every N
     steps or seconds, on preemption (SIGTERM), and at `end` if the last step was not
     saved.
@@ -84,7 +85,6 @@ class CheckpointSaverHook(Hook):
       >>> hook = jm.CheckpointSaverHook("runs/train", save_steps=1000, max_to_keep=3)
     """
 
-    idle_between_triggers = True  # between saves (a preemption wakes it)
 
     def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (), *,
@@ -119,6 +119,11 @@ class CheckpointSaverHook(Hook):
         self._grace: float | None = None
         self._session = None
         self.saved_steps: list[int] = []
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        if self._session is not None and self._session.preemption_requested:
+            return None  # a preemption: save at the next run
+        return self.timer.next_trigger(step)
 
     def begin(self) -> None:
         self.timer.reset()

@@ -13,7 +13,7 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_int, check_number
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._triggers import Trigger, timer_for
 from jaxmon.hooks._eval import EvalHook
 
 logger = logging.getLogger("jaxmon")
@@ -77,12 +77,17 @@ class EarlyStoppingHook(Hook):
         self._waited = 0
         self._seen = 0
 
+    def next_trigger(self, step: int) -> Trigger | None:
+        return None if self.timer is None else self.timer.next_trigger(step)  # with source=: every run
+
     def get_state(self) -> dict[str, Any]:
-        return {**(super().get_state() or {}), "best": self.best, "best_step": self.best_step,
+        timer = {} if self.timer is None else {"timer": self.timer.get_state()}
+        return {**timer, "best": self.best, "best_step": self.best_step,
                 "waited": self._waited, "seen": self._seen}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
+        if self.timer is not None and "timer" in state:
+            self.timer.set_state(state["timer"])
         self.best, self.best_step, self._waited, self._seen = (state["best"], state["best_step"], state["waited"],
                                                                state["seen"])
 

@@ -13,15 +13,16 @@ import jax
 import numpy as np
 
 from jaxmon._errors import check_on_error
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
 
-class EvalHook(Hook):
+class EvalHook(TimedHook):
     """Evaluates the state on validation data every N steps or seconds, and at the end.
 
     `eval_fn(state, batch) -> {name: value}` (per-batch means, e.g. loss and accuracy)
@@ -55,7 +56,6 @@ class EvalHook(Hook):
       >>> hook = jm.EvalHook(eval_fn, data=[{"x": [1.0], "y": [2.0]}], every_n_steps=1000)
     """
 
-    idle_between_triggers = True  # it evaluates only when its timer is due
 
     def __init__(self, eval_fn: Callable[[Any, Any], dict[str, Any]], data: Iterable[Any] | Callable[[], Iterable],
                  every_n_steps: int | None = None, every_n_secs: float | None = None, summary_writer: Any = None,
@@ -96,6 +96,9 @@ class EvalHook(Hook):
     def set_state(self, state: dict[str, Any]) -> None:
         self.history = [(step, metrics) for step, metrics in state["history"]]
         self.latest = self.history[-1][1] if self.history else None
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if self.timer.due(values.step):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,9 +14,10 @@ import numpy as np
 
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
-from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._hook import RunArgs, RunContext, RunValues
 from jaxmon._metrics import Mean, check_reduce
-from jaxmon._triggers import timer_for
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -43,7 +45,7 @@ def show_info_logs() -> None:
         logger.propagate = False
 
 
-class LoggingHook(Hook):
+class LoggingHook(TimedHook):
     """Logs fetched values every N local iterations or seconds, and/or at the end
     (TF's `LoggingTensorHook`), under the `jaxmon` logger at INFO.
 
@@ -99,8 +101,6 @@ class LoggingHook(Hook):
         self._session: Any = None
         self._elapsed: dict[int, float | None] = {}
 
-    idle_between_triggers = True  # with one step per run (see _idle_steps)
-
     def begin(self) -> None:
         show_info_logs()
         self.timer.reset()
@@ -123,13 +123,16 @@ class LoggingHook(Hook):
         super().set_state(state)
         self._iter_count, self._counted_at = state["iter_count"], None
 
-    def steps_to_next_trigger(self, step: int) -> int | None:
-        return None  # it counts runs (iterations), as TF's LoggingTensorHook did: no run need end anywhere
-
-    def _idle_steps(self, step: int) -> int | None:
+    def next_trigger(self, step: int) -> Trigger | None:
+        """It counts runs (iterations), as TF's LoggingTensorHook did: no run need end
+        anywhere. With one step per run it sleeps until its iteration comes."""
         if self._counted_at is None:
-            return 0  # runs of several steps: each is counted as it comes
-        return self.timer.steps_to_next_trigger(self._iterations(step))
+            return None  # runs of several steps: each is counted as it comes
+        iteration = self._iterations(step)
+        trigger = self.timer.next_trigger(iteration, exact=False)
+        if trigger is None or trigger.step == math.inf:
+            return trigger
+        return trigger._replace(step=step + trigger.step - iteration)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         iteration = self._iterations(ctx.step)

@@ -9,14 +9,15 @@ from typing import Any
 
 from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
-from jaxmon._hook import Hook, RunArgs, RunContext
+from jaxmon._hook import RunArgs, RunContext
 from jaxmon._metrics import FirstNonFinite
-from jaxmon._triggers import timer_for
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
 
-class NanHook(Hook):
+class NanHook(TimedHook):
     """Stops training when the loss is NaN or infinite (TF's `NanTensorHook`).
 
     The check runs inside the compiled step, on every step (each step of a multi-step
@@ -45,7 +46,6 @@ class NanHook(Hook):
       >>> hook = jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=50)
     """
 
-    idle_between_triggers = True
 
     def __init__(self, fetch: Any = "loss", fail_on_nan_loss: bool = True, every_n_steps: int = 100, *,
                  skip_updates: int = 0, clock: Callable[[], float] = time.monotonic):
@@ -64,8 +64,8 @@ class NanHook(Hook):
     def after_create_session(self, session) -> None:
         self._session, self._skipped = session, 0
 
-    def steps_to_next_trigger(self, step: int) -> int | None:
-        return None  # a read a few steps later is as good: runs need not end on it
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step, exact=False)  # a read a few steps later is as good
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         return RunArgs(read=True, late=True) if self.timer.due(ctx.next_step) else None

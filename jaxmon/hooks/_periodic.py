@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxmon._errors import check_on_error
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon.hooks._timed import TimedHook
 
 
-class PeriodicHook(Hook):
+class PeriodicHook(TimedHook):
     """Calls `fn(session)` every N steps or seconds (TF Supervisor's `loop`).
 
     The first call is after the first run; `at_end=True` calls it once more at `end`
@@ -22,7 +23,6 @@ class PeriodicHook(Hook):
       >>> hook = jm.PeriodicHook(lambda session: print(session.step), every_n_steps=1000)
     """
 
-    idle_between_triggers = True  # it acts only when its timer is due
 
     def __init__(self, fn: Callable[[Any], None], every_n_steps: int | None = None,
                  every_n_secs: float | None = None, *, at_end: bool = False, on_error: str = "raise",
@@ -32,6 +32,9 @@ class PeriodicHook(Hook):
         self.fn, self.at_end = fn, at_end
         self.timer = timer_for("PeriodicHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
         self.on_error = check_on_error("PeriodicHook", on_error)
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
 
     def begin(self) -> None:
         self.timer.reset()

@@ -11,13 +11,14 @@ from collections.abc import Callable
 import jax
 
 from jaxmon._errors import check_on_error
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
 
-class ProfilerHook(Hook):
+class ProfilerHook(TimedHook):
     """Traces one step every N steps or seconds with `jax.profiler`, never the first.
 
     Each trace goes to `output_dir/plugins/profile/step_<N>/`, the layout TensorBoard's
@@ -46,6 +47,9 @@ class ProfilerHook(Hook):
         self._first = True
         self._tracing: int | None = None
         self.traced_steps: list[int] = []
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
 
     def begin(self) -> None:
         self._first, self._tracing = True, None

@@ -12,13 +12,14 @@ import jax
 import numpy as np
 
 from jaxmon._errors import check_int, check_on_error
-from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._hook import RunArgs, RunContext, RunValues
 from jaxmon._metrics import Mean, check_reduce
-from jaxmon._triggers import timer_for
+from jaxmon._triggers import Trigger, timer_for
 from jaxmon.hooks._stop import StopAtStepHook
+from jaxmon.hooks._timed import TimedHook
 
 
-class ProgressBarHook(Hook):
+class ProgressBarHook(TimedHook):
     """A one-line progress bar: step, steps/sec, ETA and the latest values.
 
     Quiet (prints nothing) when `stream` is not a terminal or the `CI` environment
@@ -73,6 +74,9 @@ class ProgressBarHook(Hook):
         if self._total is None:
             stops = [hook.last_step for hook in session.hooks if isinstance(hook, StopAtStepHook)]
             self._total = min((s for s in stops if s is not None), default=None)
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step) if self.enabled else Trigger()
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.enabled or not self.timer.due(ctx.next_step):

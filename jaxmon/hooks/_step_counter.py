@@ -12,15 +12,16 @@ import jax
 import numpy as np
 
 from jaxmon._errors import check_int, check_on_error
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import timer_for
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
 
-class StepCounterHook(Hook):
+class StepCounterHook(TimedHook):
     """Writes and logs the training speed, `global_step/sec`, every N steps or seconds.
 
     The first trigger only starts the clock (nothing is written for it), so with
@@ -42,7 +43,6 @@ class StepCounterHook(Hook):
       >>> hook = jm.StepCounterHook(every_n_steps=100, output_dir="runs/example")
     """
 
-    idle_between_triggers = True
 
     def __init__(self, every_n_steps: int | None = 100, every_n_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
@@ -60,6 +60,9 @@ class StepCounterHook(Hook):
         self.on_error = check_on_error("StepCounterHook", on_error)
         self._last_step: int | None = None
         self._warnings = 0
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
 
     def begin(self) -> None:
         show_info_logs()

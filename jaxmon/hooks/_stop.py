@@ -6,6 +6,7 @@ import logging
 
 from jaxmon._errors import check_int
 from jaxmon._hook import Hook, RunContext, RunValues
+from jaxmon._triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
 
@@ -25,8 +26,6 @@ class StopAtStepHook(Hook):
       >>> import jaxmon as jm
       >>> hook = jm.StopAtStepHook(num_steps=1000)
     """
-
-    idle_between_triggers = True  # nothing to do on a run that ends before last_step
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None):
         if num_steps is None and last_step is None:
@@ -67,10 +66,8 @@ class StopAtStepHook(Hook):
         if self._num_steps is not None and state.get("num_steps", self._num_steps) == self._num_steps:
             self._last_step = state["last_step"]
 
-    def steps_to_next_trigger(self, step: int) -> int | None:
-        return None if self._last_step is None else max(1, self._last_step - step)
-
-    _idle_steps = steps_to_next_trigger
+    def next_trigger(self, step: int) -> Trigger | None:
+        return None if self._last_step is None else Trigger(max(step + 1, self._last_step))
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.step >= self._last_step:

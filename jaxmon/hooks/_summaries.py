@@ -13,11 +13,12 @@ import numpy as np
 
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
-from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._hook import RunArgs, RunContext, RunValues
 from jaxmon._metrics import Mean, check_reduce
 from jaxmon._paths import by_path
-from jaxmon._triggers import timer_for
+from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers import WriterSlot
+from jaxmon.hooks._timed import TimedHook
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Text:
 _KINDS = {Histogram: "histograms", Image: "images", Text: "texts"}
 
 
-class SummarySaverHook(Hook):
+class SummarySaverHook(TimedHook):
     """Writes summaries every N steps or seconds: every scalar output of the step, plus
     the extra summaries asked for (TF's `SummarySaverHook`).
 
@@ -77,7 +78,6 @@ class SummarySaverHook(Hook):
       ...     "params": jm.Histogram(lambda state, batch, outputs: state.params)})
     """
 
-    idle_between_triggers = True
 
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None,
                  output_dir: str | os.PathLike | None = None, summary_writer: Any = None,
@@ -101,6 +101,9 @@ class SummarySaverHook(Hook):
             self.accumulators = {"scalars": Mean()}
         self.on_error = check_on_error("SummarySaverHook", on_error)
         self._hparams_written = False
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
 
     def begin(self) -> None:
         self.timer.reset()  # a new session writes at its first step

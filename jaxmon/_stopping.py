@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM, Ctrl-C or JAX's preemption service, turned into a save and a stop."""
+"""When the loop stops: the one stop decision (`Stopping`), and preemption (SIGTERM,
+Ctrl-C or JAX's preemption service) turned into a save and a stop."""
 
 from __future__ import annotations
 
@@ -11,6 +12,44 @@ from typing import Any
 from jax.experimental import multihost_utils
 
 logger = logging.getLogger("jaxmon")
+
+
+class Stopping:
+    """The session's stop decision: `run()` and `should_stop()` both ask it.
+
+    A stop request (the caller's, a hook's, the end of data) decides at once with one
+    JAX process; with several, it is carried to the next agreement point, where the
+    agreement decides for every process (`agree`). A preemption (`preemption`) asks
+    the loop to stop after one more run, which saves.
+
+    Args:
+      preemption: the session's `Preemption`.
+      agreed: whether several processes agree on stops (see `_agree.AgreedRuns`).
+    """
+
+    def __init__(self, preemption: Preemption, agreed: bool):
+        self.preemption, self._agreed = preemption, agreed
+        #: True once this process asked to stop.
+        self.requested = False
+        #: True once the stop is decided: no run may start.
+        self.decided = False
+
+    def request(self) -> None:
+        self.requested = True
+        self.decided = self.decided or not self._agreed
+
+    def agree(self) -> None:
+        """Every process stops here (an agreement found a stop or a failure)."""
+        self.decided = True
+
+    def after_run(self, step: int) -> None:
+        """A preemption asks to stop after the run that completed `step` (several
+        processes: once JAX's preemption service says every process reached it)."""
+        if self.preemption.after_run(step):
+            self.request()
+
+    def should_stop(self) -> bool:
+        return self.decided or self.preemption.requested
 
 
 class Preemption:
