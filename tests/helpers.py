@@ -1,15 +1,17 @@
-"""Small shared pieces for the tests: a recording hook, tiny step functions and the
-environment of child JAX processes."""
+"""Small shared pieces for the tests: a recording hook, tiny step and init functions,
+endless data, what a mean over steps gives, and the environment of child JAX processes."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxmon as jm
 
@@ -66,7 +68,26 @@ def count_step(state, batch):
 
 
 def zero():
+    """A scalar int32 state of 0."""
     return jnp.zeros((), jnp.int32)
+
+
+def float_zero():
+    """A scalar float32 state of 0."""
+    return jnp.zeros((), jnp.float32)
+
+
+def forever():
+    """Endless empty batches: `data=` for a session that stops by a hook."""
+    while True:
+        yield {}
+
+
+def window_means(values, steps, start=0):
+    """What reduce="mean" gives at each of `steps`: the mean of `values[t]` (step t's output)
+    over the steps after the previous one of `steps` (or after `start`) up to it."""
+    windows = zip([start, *steps[:-1]], steps, strict=True)
+    return [float(np.mean([values[t] for t in range(lo + 1, hi + 1)])) for lo, hi in windows]
 
 
 def events(log, event):
@@ -139,6 +160,13 @@ def cpu_env(devices: int | None = None) -> dict[str, str]:
     if devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 just now, for a coordinator of child processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def slow_matmuls() -> tuple[int, int]:

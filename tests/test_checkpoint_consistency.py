@@ -1,27 +1,18 @@
 """A checkpoint of step N holds every hook's state after every hook's `after_run` of step
 N, whatever the hook order: the save waits until every hook has seen its step."""
 
-import os
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import forever, zero
 
 import jaxmon as jm
+from jaxmon._checkpoint import complete_steps
 
 
 def count_step(state, batch):
     n = state + 1
     return n, {"loss": 1.0 / n.astype(jnp.float32)}
-
-
-def zero():
-    return jnp.zeros((), jnp.int32)
-
-
-def forever():
-    while True:
-        yield {}
 
 
 class Counter(jm.Hook):
@@ -48,15 +39,11 @@ def train(directory, hooks, last_step, **kwargs):
     return sess
 
 
-def saved(directory):
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
-
-
 @pytest.mark.parametrize("k", [1, 4])
 def test_a_hook_after_the_saver_restores_the_count_of_the_checkpoints_own_step(tmp_path, k):
     saver, counter = jm.CheckpointSaverHook(tmp_path, save_steps=8), Counter()
     train(tmp_path, [saver, counter], last_step=20, steps_per_dispatch=k)
-    assert saved(tmp_path) == [0, 8, 16, 20]
+    assert complete_steps(tmp_path) == [0, 8, 16, 20]
     runs = {0: 0, 8: 8, 16: 16, 20: 20} if k == 1 else {0: 0, 8: 2, 16: 4, 20: 5}  # runs of 4 steps
     for step, count in runs.items():
         [(key, state)] = [(key, s) for key, s in jm.restore_checkpoint(tmp_path, step=step).meta["hooks"].items()
@@ -78,7 +65,7 @@ def test_keep_best_ranks_each_checkpoint_by_the_evaluation_of_its_own_step(tmp_p
                                    best_metric=lambda session: evaluate.latest["loss"] if evaluate.latest else np.inf)
     train(tmp_path, [saver, evaluate], last_step=60)
     # 30: the best evaluation, ranked by its own; 60: the latest.
-    assert saved(tmp_path) == [30, 60]
+    assert complete_steps(tmp_path) == [30, 60]
     assert [step for step, _ in evaluate.history] == [10, 20, 30, 40, 50, 60]
 
 
@@ -102,7 +89,7 @@ def test_best_metric_may_be_none_or_infinite_before_its_first_value(tmp_path):
                                    best_metric=lambda session: next(values))
     train(tmp_path, [saver], last_step=20)
     assert saver.saved_steps == [0, 5, 10, 15, 20]
-    assert saved(tmp_path) == [15, 20]  # the best (1.0 at step 15) and the latest
+    assert complete_steps(tmp_path) == [15, 20]  # the best (1.0 at step 15) and the latest
 
 
 def test_best_metric_nan_says_what_it_must_be(tmp_path):

@@ -1,4 +1,5 @@
-"""CheckpointSaverHook and its listeners on real Orbax checkpoints (reference checklist J, items 83-93).
+"""CheckpointSaverHook and its listeners on real Orbax checkpoints: when it saves, what it
+keeps, what each checkpoint holds, and how save failures and other writers are handled.
 
 jaxmon's mapping of TF's save points: the step is a host int owned by the session; the
 hook saves at session creation (step 0), then every N steps or seconds, then at `end`
@@ -19,21 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, count_step, cpu_env, zero
+from helpers import FakeClock, count_step, cpu_env, float_zero, zero
 
 import jaxmon as jm
+from jaxmon._checkpoint import complete_steps
 
 # -- shared pieces -------------------------------------------------------------------------
-
-
-def steps_on_disk(directory):
-    """The complete checkpoints in `directory`, read with os.listdir (Orbax names each
-    committed step directory by its step; unfinished ones carry a tmp suffix)."""
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory)
-                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
 
 
 def restore(directory, step, like=None):
@@ -85,37 +77,37 @@ class CopyingListener(jm.CheckpointSaverListener):
         self.copies[step] = jax.tree.map(lambda x: np.array(x, copy=True), session.state)
 
 
-# -- 83: arguments ------------------------------------------------------------------------
+# -- arguments ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"save_steps": 2, "save_secs": 2.0}], ids=["neither", "both"])
-def test_exactly_one_of_save_secs_and_save_steps(kwargs, tmp_path):  # item 83
+def test_exactly_one_of_save_secs_and_save_steps(kwargs, tmp_path):
     with pytest.raises(ValueError, match="save_steps") as info:
         jm.CheckpointSaverHook(tmp_path / "ckpt", **kwargs)
     assert "save_secs" in str(info.value)
     assert not (tmp_path / "ckpt").exists()  # nothing was created for a hook that was refused
 
 
-# -- 84-86, 88: saves by steps ------------------------------------------------------------
+# -- saves by steps -----------------------------------------------------------------------
 
 
-def test_save_steps_saves_at_creation_then_every_n_steps(tmp_path):  # items 84, 85, 86, 88
+def test_save_steps_saves_at_creation_then_every_n_steps(tmp_path):
     directory = tmp_path / "ckpt"
     hook = jm.CheckpointSaverHook(directory, save_steps=2, max_to_keep=None)
     latest = []
     with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
         assert hook.saved_steps == [0]  # the save at session creation
         hook.wait()
-        latest.append(steps_on_disk(directory)[-1])
+        latest.append(complete_steps(directory)[-1])
         for _ in range(5):
             sess.run()
             hook.wait()
-            latest.append(steps_on_disk(directory)[-1])
+            latest.append(complete_steps(directory)[-1])
         assert sess.step == 5
     # 0 at creation, still 0 after step 1, 2 after step 2, ...
     assert latest == [0, 0, 2, 2, 4, 4]
     assert hook.saved_steps == [0, 2, 4, 5]  # and 5 at end: the last step was not saved
-    assert steps_on_disk(directory) == hook.saved_steps
+    assert complete_steps(directory) == hook.saved_steps
     for step in hook.saved_steps:  # the checkpoint of step k holds the state after k steps
         restored = restore(directory, step)
         assert restored.step == step and restored.meta["step"] == step
@@ -132,10 +124,10 @@ def test_a_restore_of_one_step_directory_and_without_like(tmp_path):
     assert restored.step == 3 and int(np.asarray(restored.state)) == 3
 
 
-# -- 87, 89, 90, 93: saves by seconds, with a fake clock -------------------------------------
+# -- saves by seconds, with a fake clock -----------------------------------------------------
 
 
-def test_save_secs_saves_only_when_the_clock_advanced(tmp_path):  # items 87, 93
+def test_save_secs_saves_only_when_the_clock_advanced(tmp_path):
     clock = FakeClock(1000.0)
     listener = CountingListener()
     directory = tmp_path / "ckpt"
@@ -149,11 +141,11 @@ def test_save_secs_saves_only_when_the_clock_advanced(tmp_path):  # items 87, 93
     assert hook.saved_steps == [0, 3, 6, 7]
     assert listener.counts == {"begin": 1, "before_save": 4, "after_save": 4, "end": 1}
     assert listener.steps["before_save"] == listener.steps["after_save"] == [0, 3, 6, 7]
-    assert steps_on_disk(directory) == [0, 3, 6, 7]
+    assert complete_steps(directory) == [0, 3, 6, 7]
     assert [int(restore(directory, s).state) for s in (0, 3, 6, 7)] == [0, 3, 6, 7]
 
 
-def test_end_saves_the_last_step_when_it_was_not_saved(tmp_path):  # items 89, 90
+def test_end_saves_the_last_step_when_it_was_not_saved(tmp_path):
     clock = FakeClock(1000.0)
     listener = CountingListener()
     directory = tmp_path / "ckpt"
@@ -163,18 +155,18 @@ def test_end_saves_the_last_step_when_it_was_not_saved(tmp_path):  # items 89, 9
             clock.t += 0.5
             sess.run()
         hook.wait()
-        assert steps_on_disk(directory) == [0]
+        assert complete_steps(directory) == [0]
     assert hook.saved_steps == [0, 2]
     assert listener.counts == {"begin": 1, "before_save": 2, "after_save": 2, "end": 1}
     assert listener.steps["end"] == [2]
-    assert steps_on_disk(directory) == [0, 2]
+    assert complete_steps(directory) == [0, 2]
     assert jm.latest_checkpoint_step(directory) == 2 and int(restore(directory, 2).state) == 2
 
 
-# -- 90, 91: listeners --------------------------------------------------------------------
+# -- listeners ----------------------------------------------------------------------------
 
 
-def test_listeners_see_every_save_and_end_does_not_save_twice(tmp_path):  # items 90, 91
+def test_listeners_see_every_save_and_end_does_not_save_twice(tmp_path):
     listeners = [CountingListener(), CountingListener()]
     directory = tmp_path / "ckpt"
     hook = jm.CheckpointSaverHook(directory, save_steps=1, listeners=listeners)
@@ -184,14 +176,14 @@ def test_listeners_see_every_save_and_end_does_not_save_twice(tmp_path):  # item
         assert listener.counts == {"begin": 1, "before_save": 3, "after_save": 3, "end": 1}
         assert listener.steps == {"before_save": [0, 1, 2], "after_save": [0, 1, 2], "end": [2]}
     assert hook.saved_steps == [0, 1, 2]  # no duplicate save of step 2 at end
-    assert steps_on_disk(directory) == [0, 1, 2]
+    assert complete_steps(directory) == [0, 1, 2]
     # a fresh runner restores step 2
     again = jm.MonitoredSession(count_step, zero, checkpoint_dir=directory)
     assert again.step == 2 and int(again.state) == 2
     again.close()
 
 
-def test_a_listener_returning_true_from_after_save_stops_training(tmp_path):  # item 92
+def test_a_listener_returning_true_from_after_save_stops_training(tmp_path):
     listener = CountingListener(stop_after_save_at=4)
     directory = tmp_path / "ckpt"
     hook = jm.CheckpointSaverHook(directory, save_steps=2, listeners=[listener])
@@ -204,7 +196,7 @@ def test_a_listener_returning_true_from_after_save_stops_training(tmp_path):  # 
             assert len(stops) <= 10
     assert stops == [False, False, False, True]  # True after the step whose save got True
     assert sess.step == 4 and hook.saved_steps == [0, 2, 4]
-    assert steps_on_disk(directory) == [0, 2, 4] and int(restore(directory, 4).state) == 4
+    assert complete_steps(directory) == [0, 2, 4] and int(restore(directory, 4).state) == 4
 
 
 def test_listener_order_around_each_save(tmp_path):
@@ -234,7 +226,7 @@ def test_max_to_keep_leaves_only_the_latest_checkpoints(tmp_path):
     hook = jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=2)
     train([hook], last_step=6)
     assert hook.saved_steps == [0, 1, 2, 3, 4, 5, 6]
-    assert steps_on_disk(directory) == [5, 6]
+    assert complete_steps(directory) == [5, 6]
     assert [int(restore(directory, s).state) for s in (5, 6)] == [5, 6]
 
 
@@ -243,7 +235,7 @@ def test_keep_period_also_keeps_the_multiples(tmp_path):
     hook = jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=1, keep_period=3)
     train([hook], last_step=7)
     assert hook.saved_steps == list(range(8))
-    kept = steps_on_disk(directory)
+    kept = complete_steps(directory)
     assert kept == [s for s in hook.saved_steps if s % 3 == 0] + [7] == [0, 3, 6, 7]
     assert [int(restore(directory, s).state) for s in kept] == kept
 
@@ -273,7 +265,7 @@ def test_keep_best_keeps_the_best_and_always_the_latest(mode, sign, tmp_path):
     latest = 6
     worst = max(values, key=values.get) if mode == "min" else min(values, key=values.get)
     assert worst == latest  # the latest checkpoint has the worst metric ...
-    assert steps_on_disk(directory) == sorted({*best, latest}) == [2, 4, 6]  # ... and is kept all the same
+    assert complete_steps(directory) == sorted({*best, latest}) == [2, 4, 6]  # ... and is kept all the same
     assert [int(restore(directory, s).state) for s in (2, 4, 6)] == [2, 4, 6]
 
 
@@ -282,7 +274,7 @@ def test_keep_best_with_a_metric_function(tmp_path):
     hook = jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=1, keep_best=1,
                                   best_metric=lambda session: abs(session.step - 3), best_mode="min")
     train([hook], last_step=5)
-    assert steps_on_disk(directory) == [3, 5]
+    assert complete_steps(directory) == [3, 5]
 
 
 def test_a_non_finite_best_metric_is_an_error(tmp_path):
@@ -293,7 +285,7 @@ def test_a_non_finite_best_metric_is_an_error(tmp_path):
     hook = jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=1, keep_best=1, best_metric="metric")
     with pytest.raises(ValueError, match="best_metric"):
         train([hook], last_step=4, step_fn=step_fn)
-    assert steps_on_disk(tmp_path / "ckpt") == [0, 1]
+    assert complete_steps(tmp_path / "ckpt") == [0, 1]
 
 
 # -- async and blocking saves, donation ---------------------------------------------------
@@ -328,7 +320,7 @@ def test_every_save_holds_exactly_the_state_of_its_step(async_save, save_steps, 
     assert hook.saved_steps == expected and sorted(copies.copies) == expected
     # donation is on: every state that was not just saved went into the next step donated
     assert all(donated[step] for step in range(12) if step not in expected)
-    assert steps_on_disk(directory) == expected
+    assert complete_steps(directory) == expected
     like = wide_init()
     for step in expected:
         restored = restore(directory, step, like=like)
@@ -346,7 +338,7 @@ def test_files_are_complete_once_the_next_save_starts(tmp_path):
     with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
         for _ in range(3):
             sess.run()
-            assert sess.step - 1 in steps_on_disk(directory)  # the previous save is committed
+            assert sess.step - 1 in complete_steps(directory)  # the previous save is committed
 
 
 # -- NaN ----------------------------------------------------------------------------------
@@ -356,10 +348,6 @@ def nan_at_3(state, batch):
     state = state + 1.0
     state = jnp.where(state == 3.0, jnp.nan, state)
     return state, {"loss": state * 2}
-
-
-def float_zero():
-    return jnp.zeros((), jnp.float32)
 
 
 @pytest.mark.parametrize("saver_first", [False, True], ids=["nan-hook-first", "saver-first"])
@@ -374,7 +362,7 @@ def test_no_checkpoint_holds_a_state_after_a_non_finite_step(save_steps, last_st
     assert info.value.step == 3
     assert all(step < 3 for step in hook.saved_steps)
     assert all(step < 3 for step in copies.copies)  # a listener never even saw a save of it
-    on_disk = steps_on_disk(directory)
+    on_disk = complete_steps(directory)
     assert on_disk and max(on_disk) < 3
     for step in on_disk:
         value = float(restore(directory, step, like=float_zero()).state)
@@ -391,7 +379,7 @@ def test_a_nan_hook_that_stops_cleanly_leaves_no_non_finite_checkpoint(save_step
     sess = train([jm.NanHook("loss", fail_on_nan_loss=False), hook], last_step=last_step, step_fn=nan_at_3,
                  init_fn=float_zero)
     assert sess.step == 3  # stopped cleanly after the non-finite step
-    saved = {step: float(restore(directory, step, like=float_zero()).state) for step in steps_on_disk(directory)}
+    saved = {step: float(restore(directory, step, like=float_zero()).state) for step in complete_steps(directory)}
     assert saved and all(math.isfinite(value) for value in saved.values()), saved
 
 
@@ -441,7 +429,7 @@ def test_a_config_that_json_cannot_write_raises_type_error_naming_it(tmp_path):
     with pytest.raises(TypeError, match="config"):
         jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=1)],
                             config={"array": np.zeros(2)})
-    assert steps_on_disk(tmp_path / "ckpt") == []
+    assert complete_steps(tmp_path / "ckpt") == []
 
 
 # -- one writer per directory -------------------------------------------------------------
@@ -458,10 +446,10 @@ def test_a_second_writer_in_this_process_is_refused_until_the_first_closes(tmp_p
         first.run()  # the refused writer took nothing from the first one
     finally:
         first.close()
-    assert steps_on_disk(directory) == [0, 1, 2]
+    assert complete_steps(directory) == [0, 1, 2]
     hook = jm.CheckpointSaverHook(directory, save_steps=1)
     sess = train([hook], last_step=3)  # after the first closed, a new writer works (and resumes)
-    assert sess.step == 3 and hook.saved_steps == [3] and steps_on_disk(directory) == [0, 1, 2, 3]
+    assert sess.step == 3 and hook.saved_steps == [3] and complete_steps(directory) == [0, 1, 2, 3]
 
 
 CHILD = textwrap.dedent("""
@@ -500,7 +488,7 @@ def test_a_directory_held_by_another_process_is_refused(tmp_path):
     # the OS dropped the lock of the killed writer: a new one works
     hook = jm.CheckpointSaverHook(directory, save_steps=1)
     sess = train([hook], last_step=1, init_fn=lambda: jnp.zeros(()))
-    assert sess.step == 1 and 1 in steps_on_disk(directory)
+    assert sess.step == 1 and 1 in complete_steps(directory)
 
 
 # -- failed saves -------------------------------------------------------------------------
@@ -542,10 +530,10 @@ def test_a_save_that_fails_raises_from_run(monkeypatch, tmp_path):
                 reached.append(sess.step)
     assert "the newest: 0" in str(raised.value) and isinstance(raised.value.__cause__, OSError)  # Orbax's error
     assert reached == [1] and sess.step == 2 and len(calls) == 2  # raised by the run of step 2
-    assert steps_on_disk(directory) == [0]
+    assert complete_steps(directory) == [0]
     monkeypatch.undo()
     train([jm.CheckpointSaverHook(directory, save_steps=2)], last_step=3)  # the lock was released
-    assert steps_on_disk(directory)[-1] == 3
+    assert complete_steps(directory)[-1] == 3
 
 
 def test_a_save_that_fails_at_end_raises_from_close(monkeypatch, tmp_path):
@@ -560,7 +548,7 @@ def test_a_save_that_fails_at_end_raises_from_close(monkeypatch, tmp_path):
             while not sess.should_stop():
                 sess.run()
             loop_done.append(sess.step)
-    assert loop_done == [3] and steps_on_disk(directory) == [0]
+    assert loop_done == [3] and complete_steps(directory) == [0]
 
 
 @pytest.mark.parametrize("where", ["run", "close"])
@@ -582,7 +570,7 @@ def test_a_save_that_fails_in_the_background_is_raised_not_swallowed(where, monk
         assert not loop_done and sess.step == 4 and "after_run" in notes
     else:  # the save at end fails while the session closes cleanly
         assert loop_done == [2] and "close" in notes
-    assert steps_on_disk(directory) == [0]  # the failed checkpoint is never listed
+    assert complete_steps(directory) == [0]  # the failed checkpoint is never listed
 
 
 # -- restore from the hook's directory ----------------------------------------------------
@@ -618,13 +606,13 @@ def test_a_session_restores_from_the_hooks_directory_by_default(tmp_path):
             sess.run()
     # num_steps was fixed by the first run (saved in its checkpoints): it stops at 3 at once
     assert sess.step == 3 and hook.saved_steps == []
-    assert steps_on_disk(directory) == [0, 2, 3]
+    assert complete_steps(directory) == [0, 2, 3]
 
     hook = jm.CheckpointSaverHook(directory, save_steps=2, max_to_keep=None)
     sess = train([hook], last_step=7, init_fn=init_fn)
     assert len(concrete_calls) == 1
     assert hook.saved_steps == [5, 7]  # the timer resumed from the saved step 3
-    assert steps_on_disk(directory) == [0, 2, 3, 5, 7]
+    assert complete_steps(directory) == [0, 2, 3, 5, 7]
     assert [int(restore(directory, s).state) for s in (5, 7)] == [5, 7]
 
 
@@ -636,7 +624,7 @@ def test_preemption_saves_the_step_and_stops(tmp_path):
         sess.request_preemption()
         sess.run()
         assert sess.should_stop() and sess.preemption_requested
-        assert steps_on_disk(directory) == [0, 2]  # written before the loop goes on
+        assert complete_steps(directory) == [0, 2]  # written before the loop goes on
     assert hook.saved_steps == [0, 2]  # and not again at end
     assert int(restore(directory, 2).state) == 2
 
@@ -680,7 +668,7 @@ def test_a_save_cut_off_by_stop_grace_period_secs_never_lands_in_another_writers
             release.set()
             time.sleep(0.5)  # the cut-off save of the first run is free to finish now
             second.close()
-            assert steps_on_disk(directory) == [0]  # nothing of the first run landed in the second's directory
+            assert complete_steps(directory) == [0]  # nothing of the first run landed in the second's directory
     finally:
         release.set()
         time.sleep(0.3)  # let the abandoned background save end before the next test
@@ -689,11 +677,11 @@ def test_a_save_cut_off_by_stop_grace_period_secs_never_lands_in_another_writers
 def test_max_to_keep_applies_across_a_resume(tmp_path):
     directory = tmp_path / "ckpt"
     train([jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=2)], last_step=3)
-    assert steps_on_disk(directory) == [2, 3]
+    assert complete_steps(directory) == [2, 3]
     hook = jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=2)
     sess = train([hook], last_step=6)
     assert hook.saved_steps == [4, 5, 6] and sess.step == 6
-    assert steps_on_disk(directory) == [5, 6]
+    assert complete_steps(directory) == [5, 6]
 
 
 def test_a_run_resumed_from_before_a_broken_latest_checkpoint_saves_past_it(tmp_path):
@@ -702,7 +690,7 @@ def test_a_run_resumed_from_before_a_broken_latest_checkpoint_saves_past_it(tmp_
     # able to save it (and go on), not fail on the broken directory left in the way.
     directory = tmp_path / "ckpt"
     train([jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=None)], last_step=5)
-    assert steps_on_disk(directory) == [0, 1, 2, 3, 4, 5]
+    assert complete_steps(directory) == [0, 1, 2, 3, 4, 5]
     with open(directory / "5" / "meta" / "metadata", "w") as f:
         f.write("{ cut off")
     hook = jm.CheckpointSaverHook(directory, save_steps=1, max_to_keep=None)
@@ -725,7 +713,7 @@ def test_a_ctrl_c_or_an_error_exit_still_commits_the_save_in_flight(interruption
             for _ in range(4):
                 sess.run()  # saves 0 and 3
             raise interruption()
-    assert hook.saved_steps == saved and steps_on_disk(tmp_path) == saved
+    assert hook.saved_steps == saved and complete_steps(tmp_path) == saved
     assert float(restore(tmp_path, 3).state) == 3.0
     again = jm.CheckpointSaverHook(tmp_path, save_steps=3)
     again.begin()  # would raise if the lock had not been released

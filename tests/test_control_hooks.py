@@ -1,5 +1,5 @@
 """Control hooks: NaN checks, feeds, final fetches, step waiter, periodic calls, evaluation,
-early stopping, and the per-hook error policy (reference spec 2.6, 2.8-2.10; checklist L4-L6, L8)."""
+early stopping, and the per-hook error policy, each in real sessions."""
 
 import logging
 import math
@@ -7,15 +7,11 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, RecordingWriter, count_step, zero
+from helpers import RecordingHook, RecordingWriter, count_step, float_zero, zero
 
 import jaxmon as jm
 
 # -- shared pieces ------------------------------------------------------------------------
-
-
-def fzero():
-    return jnp.zeros((), jnp.float32)
 
 
 def nan_at_3(state, batch):
@@ -61,15 +57,16 @@ def run_loop(sess, started=None):
         sess.run()
 
 
-# -- L8: NanHook -------------------------------------------------------------------------------
+# -- NanHook -----------------------------------------------------------------------------------
 
 
 def test_nan_loss_read_every_step_raises_one_step_late_from_the_run_completing_step_4():
     record = RecordingHook()
     started = []
     nan_hook = jm.NanHook("loss", every_n_steps=1)
+    hooks = [nan_hook, record, jm.StopAtStepHook(last_step=10)]
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
-        with jm.MonitoredSession(nan_at_3, fzero, hooks=[nan_hook, record, jm.StopAtStepHook(last_step=10)]) as sess:
+        with jm.MonitoredSession(nan_at_3, float_zero, hooks=hooks) as sess:
             run_loop(sess, started)
     err = info.value
     assert isinstance(err, RuntimeError)
@@ -93,8 +90,8 @@ def test_nan_loss_read_every_step_raises_one_step_late_from_the_run_completing_s
 def test_nan_at_the_last_step_is_raised_when_the_with_block_closes():
     record = RecordingHook()
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
-        with jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss"), record,
-                                                         jm.StopAtStepHook(last_step=3)]) as sess:
+        with jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook("loss"), record,
+                                                              jm.StopAtStepHook(last_step=3)]) as sess:
             run_loop(sess)
             steps_in_block = sess.step
             stopped_in_block = sess.should_stop()
@@ -106,7 +103,7 @@ def test_nan_at_the_last_step_is_raised_when_the_with_block_closes():
 
 
 def test_sync_right_after_the_nan_step_raises_at_once():
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss")])
+    sess = jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook("loss")])
     for _ in range(3):
         sess.run()
     assert sess.step == 3
@@ -117,10 +114,9 @@ def test_sync_right_after_the_nan_step_raises_at_once():
 
 def test_nan_without_fail_logs_a_warning_and_stops_after_step_4(caplog):
     record = RecordingHook()
+    hooks = [jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1), record, jm.StopAtStepHook(last_step=10)]
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
-        with jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1),
-                                                         record,
-                                                         jm.StopAtStepHook(last_step=10)]) as sess:
+        with jm.MonitoredSession(nan_at_3, float_zero, hooks=hooks) as sess:
             started = []
             run_loop(sess, started)
     assert started == [0, 1, 2, 3] and sess.step == 4
@@ -131,7 +127,8 @@ def test_nan_without_fail_logs_a_warning_and_stops_after_step_4(caplog):
 
 
 def test_nan_without_fail_sets_should_stop_after_the_run_completing_step_4():
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1)])
+    sess = jm.MonitoredSession(nan_at_3, float_zero,
+                               hooks=[jm.NanHook("loss", fail_on_nan_loss=False, every_n_steps=1)])
     for _ in range(3):
         sess.run()
     assert not sess.should_stop()  # step 3's loss is not read yet
@@ -141,14 +138,15 @@ def test_nan_without_fail_sets_should_stop_after_the_run_completing_step_4():
 
 
 def test_infinite_loss_counts_as_non_finite():
+    hooks = [jm.NanHook("loss"), jm.StopAtStepHook(last_step=10)]
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
-        with jm.MonitoredSession(inf_at_3, fzero, hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=10)]) as s:
+        with jm.MonitoredSession(inf_at_3, float_zero, hooks=hooks) as s:
             run_loop(s)
     assert info.value.step == 3 and "inf" in str(info.value) and math.isinf(info.value.value)
 
 
 def test_an_array_loss_reports_how_many_entries_are_non_finite():
-    sess = jm.MonitoredSession(vector_nan_at_3, fzero, hooks=[jm.NanHook("loss", every_n_steps=1)])
+    sess = jm.MonitoredSession(vector_nan_at_3, float_zero, hooks=[jm.NanHook("loss", every_n_steps=1)])
     for _ in range(3):
         sess.run()
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
@@ -157,7 +155,7 @@ def test_an_array_loss_reports_how_many_entries_are_non_finite():
 
 
 def test_nan_hook_error_is_logged_at_error_level(caplog):
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", every_n_steps=1)])
+    sess = jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook("loss", every_n_steps=1)])
     with caplog.at_level(logging.ERROR, logger="jaxmon"), pytest.raises(jm.NanLossDuringTrainingError):
         for _ in range(5):
             sess.run()
@@ -169,7 +167,7 @@ def test_nan_tensor_hook_is_an_alias():
 
 
 def test_nan_hook_on_an_output_name_adds_no_compilation():
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False)])
+    sess = jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook("loss", fail_on_nan_loss=False)])
     for _ in range(2):
         sess.run()
     sess.sync()
@@ -180,7 +178,7 @@ def test_nan_hook_with_a_callable_fetch_compiles_once_over_many_runs():
     def doubled_state(state, batch, outputs):
         return state * 2.0
 
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook(doubled_state)])
+    sess = jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook(doubled_state)])
     for _ in range(8):
         sess.run()
     sess.sync()
@@ -191,7 +189,7 @@ def test_nan_hook_with_a_callable_fetch_detects_a_nan():
     def loss_of(state, batch, outputs):
         return outputs["loss"]
 
-    sess = jm.MonitoredSession(nan_at_3, fzero, hooks=[jm.NanHook(loss_of)])
+    sess = jm.MonitoredSession(nan_at_3, float_zero, hooks=[jm.NanHook(loss_of)])
     for _ in range(3):
         sess.run()
     with pytest.raises(jm.NanLossDuringTrainingError) as info:
@@ -204,7 +202,7 @@ def test_nan_hook_rejects_a_bad_fetch():
         jm.NanHook(3)
 
 
-# -- L6: FeedFnHook ---------------------------------------------------------------------------
+# -- FeedFnHook --------------------------------------------------------------------------------
 
 
 def x_plus_one(state, batch):
@@ -250,7 +248,7 @@ def test_a_key_fed_by_the_caller_and_the_feed_fn_is_an_error():
     assert sess.step == 0
 
 
-# -- L5: FinalOpsHook -------------------------------------------------------------------------
+# -- FinalOpsHook ------------------------------------------------------------------------------
 
 
 def vector_step(state, batch):
@@ -308,7 +306,7 @@ def test_final_ops_need_some_fetches(final_fetches):
         jm.FinalOpsHook(final_fetches)
 
 
-# -- L4: GlobalStepWaiterHook -----------------------------------------------------------------
+# -- GlobalStepWaiterHook ----------------------------------------------------------------------
 
 
 def test_waiter_for_step_zero_starts_without_sleeping():
@@ -503,7 +501,7 @@ def test_eval_every_5_steps_and_at_end_with_weighted_means_and_summaries(caplog)
     writer = RecordingWriter()
     hook = jm.EvalHook(scaled, EQUAL_BATCHES, every_n_steps=5, summary_writer=writer)
     with caplog.at_level(logging.INFO, logger="jaxmon"):
-        with jm.MonitoredSession(float_count, fzero, hooks=[hook, jm.StopAtStepHook(last_step=12)]) as sess:
+        with jm.MonitoredSession(float_count, float_zero, hooks=[hook, jm.StopAtStepHook(last_step=12)]) as sess:
             run_loop(sess)
     assert [step for step, _ in hook.history] == [5, 10, 12]
     # At step s the state is s: batch losses s*1, s*2, s*3 (equal sizes) -> mean 2s; acc = mean(1, 2, 3).
@@ -522,7 +520,7 @@ def test_eval_every_5_steps_and_at_end_with_weighted_means_and_summaries(caplog)
 def test_eval_weights_batches_by_their_size():
     batches = [{"x": np.ones((4,), np.float32) * 1}, {"x": np.ones((2,), np.float32) * 4}]
     hook = jm.EvalHook(scaled, batches, every_n_steps=3, at_end=False)
-    sess = jm.MonitoredSession(float_count, fzero, hooks=[hook])
+    sess = jm.MonitoredSession(float_count, float_zero, hooks=[hook])
     for _ in range(3):
         sess.run()
     # Batch losses 3*1 (4 rows) and 3*4 (2 rows): (4*3 + 2*12) / 6 = 6, not the unweighted 7.5.
@@ -537,7 +535,7 @@ def test_eval_data_can_be_a_function_returning_a_fresh_generator():
         return (batch for batch in EQUAL_BATCHES)
 
     hook = jm.EvalHook(scaled, data, every_n_steps=2, at_end=False)
-    sess = jm.MonitoredSession(float_count, fzero, hooks=[hook])
+    sess = jm.MonitoredSession(float_count, float_zero, hooks=[hook])
     for _ in range(4):
         sess.run()
     assert [step for step, _ in hook.history] == [2, 4] and len(made) == 2
@@ -553,7 +551,7 @@ def test_eval_data_read_only_once_is_rejected(make):
 
 def test_eval_on_empty_data_fails_at_evaluation():
     hook = jm.EvalHook(scaled, [], every_n_steps=2)
-    sess = jm.MonitoredSession(float_count, fzero, hooks=[hook])
+    sess = jm.MonitoredSession(float_count, float_zero, hooks=[hook])
     sess.run()
     with pytest.raises(ValueError, match="no batches"):
         sess.run()
@@ -567,7 +565,7 @@ def test_eval_needs_a_period_or_at_end():
 
 def test_eval_only_at_end():
     hook = jm.EvalHook(scaled, EQUAL_BATCHES)
-    with jm.MonitoredSession(float_count, fzero, hooks=[hook]) as sess:
+    with jm.MonitoredSession(float_count, float_zero, hooks=[hook]) as sess:
         for _ in range(4):
             sess.run()
         assert hook.history == []
@@ -576,7 +574,7 @@ def test_eval_only_at_end():
 
 def test_eval_can_be_called_directly():
     hook = jm.EvalHook(scaled, EQUAL_BATCHES, every_n_steps=100, at_end=False)
-    sess = jm.MonitoredSession(float_count, fzero, hooks=[hook])
+    sess = jm.MonitoredSession(float_count, float_zero, hooks=[hook])
     for _ in range(3):
         sess.run()
     assert hook.history == [] and hook.latest is None
@@ -687,7 +685,7 @@ def test_early_stopping_with_a_source_takes_no_period_of_its_own():
 def test_early_stopping_on_a_metric_the_source_does_not_report():
     source = jm.EvalHook(scaled, EQUAL_BATCHES, every_n_steps=1)
     stop = jm.EarlyStoppingHook("val_loss", source=source)
-    sess = jm.MonitoredSession(float_count, fzero, hooks=[source, stop])
+    sess = jm.MonitoredSession(float_count, float_zero, hooks=[source, stop])
     with pytest.raises(ValueError, match="val_loss") as info:
         sess.run()
     assert "['acc', 'loss']" in str(info.value)

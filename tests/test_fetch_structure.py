@@ -8,6 +8,7 @@ from datetime import datetime
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import float_zero
 
 import jaxmon as jm
 import jaxmon as tf_train  # the TF tutorial's `tf.train`, as a TF user would alias it
@@ -16,10 +17,6 @@ import jaxmon as tf_train  # the TF tutorial's `tf.train`, as a TF user would al
 def step_fn(state, batch):
     state = state + 1.0
     return state, {"loss": 10.0 / state, "x": 2.0 * state}
-
-
-def zero():
-    return jnp.zeros(())
 
 
 def doubled(state, batch, outputs):
@@ -46,7 +43,7 @@ class Recording(jm.Hook):
 ])
 def test_hooks_and_run_get_their_values_in_the_structure_they_asked(fetches, expected):
     hook = Recording(fetches)
-    sess = jm.MonitoredSession(step_fn, zero, hooks=[hook])
+    sess = jm.MonitoredSession(step_fn, float_zero, hooks=[hook])
     sess.run({})
     ran = sess.run({}, fetches=fetches)
     sess.close()
@@ -62,7 +59,7 @@ def test_hooks_and_run_get_their_values_in_the_structure_they_asked(fetches, exp
 
 def test_a_list_unpacks_as_in_tf():
     hook = Recording(["loss", "x"])
-    with jm.MonitoredSession(step_fn, zero, hooks=[hook]) as sess:
+    with jm.MonitoredSession(step_fn, float_zero, hooks=[hook]) as sess:
         loss, x = sess.run({}, fetches=["loss", "x"])
     assert (float(loss), float(x)) == (10.0, 2.0)
     loss_value, acc = hook.results[0]
@@ -71,9 +68,9 @@ def test_a_list_unpacks_as_in_tf():
 
 def test_final_ops_values_keep_the_structure_of_their_fetches():
     hooks = [jm.FinalOpsHook("loss"), jm.FinalOpsHook(["loss", doubled]), jm.FinalOpsHook({"x": "x"})]
-    with jm.MonitoredSession(step_fn, zero, hooks=hooks, data=[{}] * 3):
+    with jm.MonitoredSession(step_fn, float_zero, hooks=hooks, data=[{}] * 3):
         pass
-    sess = jm.MonitoredSession(step_fn, zero, hooks=hooks, data=[{}] * 3)
+    sess = jm.MonitoredSession(step_fn, float_zero, hooks=hooks, data=[{}] * 3)
     with sess:
         while not sess.should_stop():
             sess.run()
@@ -115,7 +112,7 @@ def test_the_cifar10_tutorials_logger_hook_runs_unchanged(capsys):
                               'sec/batch)')
                 print(format_str % (datetime.now(), self._step, loss_value, examples_per_sec, sec_per_batch))
 
-    with jm.MonitoredTrainingSession(step_fn, zero, data=[{}] * 25, hooks=[_LoggerHook()],
+    with jm.MonitoredTrainingSession(step_fn, float_zero, data=[{}] * 25, hooks=[_LoggerHook()],
                                      save_summaries_steps=None, log_step_count_steps=None) as mon_sess:
         while not mon_sess.should_stop():
             mon_sess.run()
@@ -131,13 +128,13 @@ def nested_step(state, batch):
 
 
 def test_a_nested_output_is_fetched_by_its_path_or_as_a_sub_dict():
-    with jm.MonitoredSession(nested_step, zero) as sess:
+    with jm.MonitoredSession(nested_step, float_zero) as sess:
         w, grads = sess.run({}, fetches=["grads/dense2/w", "grads"])
     assert w.tolist() == [0.0, 1.0, 2.0]
     assert grads["dense1"]["w"].tolist() == [1.0] * 4 and float(grads["dense1"]["b"]) == 1.0
     listed = r"'grads/dense3', which is not an output .* \['grads/dense1/b', 'grads/dense1/w'"
     with pytest.raises(ValueError, match=listed):
-        jm.MonitoredSession(nested_step, zero).run({}, fetches="grads/dense3")
+        jm.MonitoredSession(nested_step, float_zero).run({}, fetches="grads/dense3")
 
 
 @pytest.mark.parametrize("reduce", ["last", "mean"])
@@ -148,7 +145,7 @@ def test_a_nested_output_is_summarised_by_path_as_histograms_and_in_metrics_json
 
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"grads": jm.Histogram("grads")},
                                reduce=reduce)
-    with jm.MonitoredSession(nested_step, zero, hooks=[hook], data=[{}] * 3) as sess:
+    with jm.MonitoredSession(nested_step, float_zero, hooks=[hook], data=[{}] * 3) as sess:
         while not sess.should_stop():
             sess.run()
     events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0, "scalars": 0})

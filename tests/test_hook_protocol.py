@@ -1,4 +1,5 @@
-"""The hook protocol within one run (reference checklist A, items 1-9 and 12-14)."""
+"""The hook protocol within one run: which hook gets which call, fetches and feeds, stop
+requests, and the order of events across hooks."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ from helpers import RecordingHook, count_step, events, zero
 import jaxmon as jm
 
 
-def test_hooks_that_ask_nothing_see_one_call_each_and_no_results():  # item 1
+def test_hooks_that_ask_nothing_see_one_call_each_and_no_results():
     a, b = RecordingHook("a"), RecordingHook("b")
     sess = jm.MonitoredSession(count_step, zero, hooks=[a, b])
     before = list(a.log)
@@ -24,7 +25,7 @@ def test_hooks_that_ask_nothing_see_one_call_each_and_no_results():  # item 1
     assert (ctx.step, a.values[0].step) == (0, 1)
 
 
-def test_the_context_carries_a_batch_that_is_not_a_dict():  # item 1, any batch type
+def test_the_context_carries_a_batch_that_is_not_a_dict():
     hook = RecordingHook()
     sess = jm.MonitoredSession(lambda s, b: (s, {"x": b[0]}), zero, hooks=[hook])
     batch = (np.ones(2), np.zeros(3))
@@ -53,7 +54,7 @@ def three_outputs(state, batch):
     return state, {"x": jnp.asarray(1.0), "y": jnp.asarray(2.0), "z": jnp.asarray(3.0)}
 
 
-def test_each_requester_gets_exactly_its_own_fetches():  # item 2
+def test_each_requester_gets_exactly_its_own_fetches():
     a, b = RecordingHook("a", fetches=["x"]), RecordingHook("b", fetches={"why": "y"})
     sess = jm.MonitoredSession(three_outputs, zero, hooks=[a, b])
     assert sess.run(fetches=["z"]) == [3.0]  # a list asked gives a list, in its order
@@ -66,14 +67,14 @@ def add_inputs(state, batch):
     return state, {"sum": sum(batch.values())}
 
 
-def test_feeds_from_hooks_alone_make_the_batch():  # item 3
+def test_feeds_from_hooks_alone_make_the_batch():
     hooks = [RecordingHook("a", feeds={"a": 5.0}), RecordingHook("b", feeds={"b": 10.0})]
     sess = jm.MonitoredSession(add_inputs, zero, hooks=hooks)
     total = sess.run(fetches="sum")  # a single name gives its value itself
     assert isinstance(total, np.ndarray) and total == 15.0
 
 
-def test_feeds_merge_with_the_callers_batch_without_changing_it():  # item 4
+def test_feeds_merge_with_the_callers_batch_without_changing_it():
     hooks = [RecordingHook("a", feeds={"a": 5.0}), RecordingHook("b", feeds={"b": 10.0})]
     sess = jm.MonitoredSession(add_inputs, zero, hooks=hooks)
     batch = {"c": 20.0}
@@ -82,20 +83,20 @@ def test_feeds_merge_with_the_callers_batch_without_changing_it():  # item 4
     assert batch == {"c": 20.0}
 
 
-def test_the_same_key_fed_by_two_hooks_is_an_error():  # item 5
+def test_the_same_key_fed_by_two_hooks_is_an_error():
     hooks = [RecordingHook("a", feeds={"a": 5.0}), RecordingHook("b", feeds={"a": 10.0})]
     sess = jm.MonitoredSession(add_inputs, zero, hooks=hooks)
     with pytest.raises(RuntimeError, match=r"Same batch key is fed by two hooks: 'a'"):
         sess.run()
 
 
-def test_the_same_key_fed_by_a_hook_and_the_caller_is_an_error():  # item 6
+def test_the_same_key_fed_by_a_hook_and_the_caller_is_an_error():
     sess = jm.MonitoredSession(add_inputs, zero, hooks=[RecordingHook("a", feeds={"a": 5.0})])
     with pytest.raises(RuntimeError, match=r"fed by a hook and the caller: \['a'\]"):
         sess.run({"a": 1.0})
 
 
-def test_should_stop_turns_true_right_after_the_run_that_asked():  # item 7
+def test_should_stop_turns_true_right_after_the_run_that_asked():
     sess = jm.MonitoredSession(count_step, zero, hooks=[RecordingHook(stop_at=3)])
     seen = []
     for _ in range(3):
@@ -104,7 +105,7 @@ def test_should_stop_turns_true_right_after_the_run_that_asked():  # item 7
     assert seen == [False, False, True]
 
 
-def test_run_after_a_stop_is_an_error():  # item 8
+def test_run_after_a_stop_is_an_error():
     sess = jm.MonitoredSession(count_step, zero, hooks=[RecordingHook(stop_at=1)])
     sess.run()
     with pytest.raises(RuntimeError, match="Run called even after should_stop requested"):
@@ -115,7 +116,7 @@ def test_run_after_a_stop_is_an_error():  # item 8
         sess2.run()
 
 
-def test_without_hooks_the_step_gets_exactly_the_callers_batch():  # item 9
+def test_without_hooks_the_step_gets_exactly_the_callers_batch():
     def echo(state, batch):
         x, (y, z) = batch
         return state, {"x": x, "y": y, "z": z}
@@ -129,7 +130,7 @@ def test_without_hooks_the_step_gets_exactly_the_callers_batch():  # item 9
     assert out_y == 7 and out_y.dtype == np.int32 and out_z == 0.5
 
 
-def test_every_event_goes_to_hooks_in_list_order():  # item 12
+def test_every_event_goes_to_hooks_in_list_order():
     log = []
     h1, h2 = RecordingHook("h1", log), RecordingHook("h2", log)
     with jm.MonitoredSession(count_step, zero, hooks=[h1, h2]) as sess:
@@ -150,7 +151,7 @@ def fails_on_flag(state, batch):
 
 
 @pytest.mark.parametrize("where", ["step", "before_run"])
-def test_no_after_run_when_the_step_or_a_before_run_raises(where):  # item 13
+def test_no_after_run_when_the_step_or_a_before_run_raises(where):
     boom = ValueError("before_run failed")
     first = RecordingHook("first")
     second = RecordingHook("second", raise_in={"before_run": (2, boom)} if where == "before_run" else None)
@@ -160,10 +161,10 @@ def test_no_after_run_when_the_step_or_a_before_run_raises(where):  # item 13
         sess.run({"x": 1.0, "fail": 1.0} if where == "step" else {"x": 1.0})
     assert first.calls["before_run"] == 2 and first.calls["after_run"] == 1
     assert second.calls["after_run"] == 1
-    assert sess.step == 1 and not sess.should_stop()  # item 29: an error does not stop
+    assert sess.step == 1 and not sess.should_stop()  # an error does not stop
 
 
-def test_a_stop_request_does_not_skip_later_hooks_after_run():  # item 14
+def test_a_stop_request_does_not_skip_later_hooks_after_run():
     h1, h2 = RecordingHook("h1", stop_at=1), RecordingHook("h2")
     sess = jm.MonitoredSession(count_step, zero, hooks=[h1, h2])
     sess.run()

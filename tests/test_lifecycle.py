@@ -1,4 +1,5 @@
-"""Session lifecycle, exits and close (reference checklist B, items 15-23 and 31)."""
+"""Session lifecycle: creation, the end of a `with` block (clean, by an error, by the end of
+the data), close, and the tracebacks errors keep."""
 
 import traceback
 
@@ -9,7 +10,7 @@ from helpers import RecordingHook, count_step, events, zero
 import jaxmon as jm
 
 
-def test_a_new_session_has_its_initialised_state_at_step_zero():  # item 15
+def test_a_new_session_has_its_initialised_state_at_step_zero():
     sess = jm.MonitoredSession(count_step, zero)
     assert int(sess.state) == 0 and sess.step == 0 and not sess.should_stop()
     assert jm.MonitoredSession(count_step, state=jnp.asarray(4)).state == 4
@@ -27,7 +28,7 @@ def test_construction_calls_begin_then_init_then_after_create_session():
                    ("a", "after_create_session"), ("b", "after_create_session")]
 
 
-def test_a_clean_with_exit_calls_end_in_order_and_closes():  # items 16 and 21
+def test_a_clean_with_exit_calls_end_in_order_and_closes():
     log = []
     with jm.MonitoredSession(count_step, zero, hooks=[RecordingHook("a", log), RecordingHook("b", log)]) as sess:
         sess.run()
@@ -37,7 +38,7 @@ def test_a_clean_with_exit_calls_end_in_order_and_closes():  # items 16 and 21
         sess.run()
 
 
-def test_an_error_in_the_body_propagates_skips_end_and_closes():  # items 17 and 21
+def test_an_error_in_the_body_propagates_skips_end_and_closes():
     hook = RecordingHook()
     with pytest.raises(RuntimeError, match="body failed"):
         with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
@@ -47,7 +48,7 @@ def test_an_error_in_the_body_propagates_skips_end_and_closes():  # items 17 and
 
 
 @pytest.mark.parametrize("source", ["hook", "data"])
-def test_end_of_data_ends_the_with_block_cleanly(source):  # items 18, 19 and 21
+def test_end_of_data_ends_the_with_block_cleanly(source):
     hook = RecordingHook(raise_in={"before_run": (2, StopIteration())} if source == "hook" else None)
     data = [jnp.ones(())] if source == "data" else None
     reached = []
@@ -67,7 +68,7 @@ def test_end_of_data_sets_should_stop_for_a_while_loop():
     assert sess.step == 5
 
 
-def test_an_error_in_a_hook_escapes_and_the_session_is_closed():  # item 20
+def test_an_error_in_a_hook_escapes_and_the_session_is_closed():
     hook = RecordingHook(raise_in={"after_run": (4, RuntimeError("hook failed"))})
     with pytest.raises(RuntimeError, match="hook failed"):
         with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
@@ -76,7 +77,7 @@ def test_an_error_in_a_hook_escapes_and_the_session_is_closed():  # item 20
     assert sess.step == 4 and sess.should_stop() and "end" not in hook.calls
 
 
-def test_an_explicit_close_calls_end_once_and_a_second_close_is_harmless():  # items 22 and 27
+def test_an_explicit_close_calls_end_once_and_a_second_close_is_harmless():
     hook = RecordingHook()
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
     sess.run()
@@ -86,7 +87,7 @@ def test_an_explicit_close_calls_end_once_and_a_second_close_is_harmless():  # i
     assert int(sess.state) == 1  # the final state stays readable
 
 
-def test_close_inside_the_with_block_is_reported_at_exit():  # item 23
+def test_close_inside_the_with_block_is_reported_at_exit():
     hook = RecordingHook()
     with pytest.raises(RuntimeError, match="Session is already closed"):
         with jm.MonitoredSession(count_step, zero, hooks=[hook]) as sess:
@@ -98,7 +99,7 @@ def raising_step(state, batch):
     raise ZeroDivisionError("raised by the step")
 
 
-def test_errors_keep_their_own_traceback():  # item 31
+def test_errors_keep_their_own_traceback():
     sess = jm.MonitoredSession(raising_step, zero)
     with pytest.raises(ZeroDivisionError) as info:
         sess.run()

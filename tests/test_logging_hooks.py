@@ -1,5 +1,5 @@
-"""LoggingHook, StepCounterHook and ProgressBarHook (reference spec 2.4, 2.5; checklist I, items 77-82,
-and K, items 96-100), run in real sessions with a fake clock."""
+"""LoggingHook, StepCounterHook and ProgressBarHook: what they log or write, and at which
+steps, run in real sessions with a fake clock."""
 
 import io
 import json
@@ -9,7 +9,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, RecordingWriter, count_step, zero
+from helpers import FakeClock, RecordingWriter, count_step, window_means, zero
 
 import jaxmon as jm
 
@@ -66,7 +66,7 @@ def run_n(sess, n, clock=None, dt=0.0, batch=None):
 # -- LoggingHook ------------------------------------------------------------------------
 
 
-def test_logging_hook_rejects_bad_arguments():  # item 77
+def test_logging_hook_rejects_bad_arguments():
     for bad in (0, -10):
         with pytest.raises(ValueError, match="invalid every_n_iter"):
             jm.LoggingHook(["value"], every_n_iter=bad)
@@ -79,7 +79,7 @@ def test_logging_hook_rejects_bad_arguments():  # item 77
     assert jm.LoggingTensorHook is jm.LoggingHook
 
 
-def test_at_end_only_logs_nothing_during_runs_and_the_values_at_end(logs):  # item 78
+def test_at_end_only_logs_nothing_during_runs_and_the_values_at_end(logs):
     hook = jm.LoggingHook(["value"], at_end=True)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
     run_n(sess, 3)
@@ -90,7 +90,7 @@ def test_at_end_only_logs_nothing_during_runs_and_the_values_at_end(logs):  # it
 
 
 @pytest.mark.parametrize("at_end", [False, True])
-def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it(logs, at_end):  # item 79
+def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it(logs, at_end):
     hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end, reduce="last")  # TF: the logged step's value
     for _ in range(2):  # the second session's begin resets the iteration count
         logs.clear()
@@ -131,17 +131,10 @@ def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(l
     assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1", "at 11", "6"]
 
 
-def window_means(values, logged_steps, start=0):
-    """What reduce="mean" logs at each of `logged_steps`: the mean of `values[s - 1]` (the
-    output of step s) over the steps since the previous line (exclusive), from `start`."""
-    bounds = [start, *logged_steps]
-    return [np.float32(np.mean(values[lo:hi])) for lo, hi in zip(bounds[:-1], logged_steps, strict=True)]
-
-
 @pytest.mark.parametrize("at_end", [False, True])
 def test_every_n_iter_logs_the_mean_of_the_iterations_since_the_previous_line(logs, at_end):
     hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end)  # reduce="mean", the default
-    values = np.arange(1, 36)  # the "value" output of steps 1..35: the counter after iteration i is i + 1
+    values = {s: s for s in range(1, 36)}  # the "value" output of steps 1..35: the counter after iteration i is i + 1
     logged_steps = [1, 11, 21, 31]  # iterations 0, 10, 20, 30
     means = window_means(values, logged_steps)  # [1], [2..11], [12..21], [22..31]
     assert means == [1.0, 6.5, 16.5, 26.5]  # e.g. (2 + 11) / 2 = 6.5
@@ -172,7 +165,7 @@ def test_reduce_other_than_mean_or_last_is_a_value_error_naming_both(make):
         assert make(reduce).reduce == reduce
 
 
-def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):  # item 80
+def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):
     sess = jm.MonitoredSession(count_step, zero, hooks=[jm.LoggingHook(["value"], every_n_iter=1)])
     run_n(sess, 3)
     sess.close()
@@ -184,7 +177,7 @@ def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):  # it
 
 
 @pytest.mark.parametrize("at_end", [False, True])
-def test_every_n_secs_logs_when_the_time_has_passed(logs, at_end):  # item 81
+def test_every_n_secs_logs_when_the_time_has_passed(logs, at_end):
     clock = FakeClock()
     hook = jm.LoggingHook(["value"], every_n_secs=1.0, at_end=at_end, clock=clock, reduce="last")  # TF's values
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -202,7 +195,7 @@ def test_every_n_secs_logs_when_the_time_has_passed(logs, at_end):  # item 81
     assert info_lines(logs)[2:] == (["value = 3"] if at_end else [])
 
 
-def test_formatter_output_is_the_whole_message(logs):  # item 82
+def test_formatter_output_is_the_whole_message(logs):
     def step(state, batch):
         return state, {"qqq": jnp.float32(42.0)}
 
@@ -285,7 +278,7 @@ def test_floats_are_printed_without_scientific_notation(logs):
 # -- StepCounterHook ----------------------------------------------------------------------
 
 
-def test_step_counter_every_n_steps_writes_rates_at_11_and_21(logs):  # item 96
+def test_step_counter_every_n_steps_writes_rates_at_11_and_21(logs):
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=10, summary_writer=writer, clock=clock)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -301,7 +294,7 @@ def test_step_counter_every_n_steps_writes_rates_at_11_and_21(logs):  # item 96
     assert writer.flushes >= 1 and writer.closes == 0  # a given writer is flushed, never closed
 
 
-def test_step_counter_every_n_secs_writes_at_steps_2_and_3():  # item 97
+def test_step_counter_every_n_secs_writes_at_steps_2_and_3():
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=None, every_n_secs=0.1, summary_writer=writer, clock=clock)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -311,7 +304,7 @@ def test_step_counter_every_n_secs_writes_at_steps_2_and_3():  # item 97
     assert [s["global_step/sec"] for _, s in writer.scalars] == [pytest.approx(5.0), pytest.approx(5.0)]
 
 
-def test_step_counter_tag():  # item 98
+def test_step_counter_tag():
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=1, summary_writer=writer, tag="bar/foo/sec", clock=clock)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -320,7 +313,7 @@ def test_step_counter_tag():  # item 98
     assert writer.steps("bar/foo/sec") == [2, 3] and writer.steps("global_step/sec") == []
 
 
-def test_step_counter_warns_when_the_step_did_not_advance(logs):  # item 99
+def test_step_counter_warns_when_the_step_did_not_advance(logs):
     hook = jm.StepCounterHook(every_n_steps=10, clock=FakeClock())
     ctx = jm.RunContext(4, None, jm.RunArgs())
     hook.after_run(ctx, jm.RunValues(None, 5))
@@ -352,7 +345,7 @@ def test_step_counter_after_a_recovery_starts_a_new_interval_without_warning(log
     assert not any("has not been increased" in w for w in warnings_(logs))
 
 
-def test_timer_fires_once_per_interval_when_steps_jump():  # item 100, as the timer sees it
+def test_timer_fires_once_per_interval_when_steps_jump():
     timer = jm.SecondOrStepTimer(every_steps=10)
     fired = []
     for step in (5, 10, 15, 20, 25):
@@ -367,7 +360,7 @@ def test_timer_fires_once_per_interval_when_steps_jump():  # item 100, as the ti
     (5, 5, [10, 15, 20, 25]),
     (5, 10, [20, 30, 40, 50]),
 ])
-def test_step_counter_with_steps_that_jump(every_n_steps, steps_per_run, expected):  # item 100
+def test_step_counter_with_steps_that_jump(every_n_steps, steps_per_run, expected):
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=every_n_steps, summary_writer=writer, clock=clock)
     for i in range(1, 6):
@@ -499,19 +492,14 @@ def test_progress_bar_total_steps_argument_wins():
     assert "step 5/10" in stream.getvalue() and "/5" not in stream.getvalue()
 
 
-def test_progress_bar_quiet_when_the_stream_is_not_a_terminal(monkeypatch):
-    monkeypatch.delenv("CI", raising=False)
-    clock, stream = FakeClock(), io.StringIO()
-    bar = jm.ProgressBarHook(stream=stream, clock=clock)
-    sess = jm.MonitoredSession(float_loss_step, zero, hooks=[jm.StopAtStepHook(last_step=3), bar])
-    run_until_stop(sess, clock)
-    sess.close()
-    assert sess.step == 3 and stream.getvalue() == ""
-
-
-def test_progress_bar_quiet_on_ci_even_on_a_terminal(monkeypatch):
-    monkeypatch.setenv("CI", "true")
-    clock, stream = FakeClock(), FakeTTY()
+@pytest.mark.parametrize("ci, stream_type", [(None, io.StringIO), ("true", FakeTTY)],
+                         ids=["not-a-terminal", "ci-on-a-terminal"])
+def test_progress_bar_quiet_off_a_terminal_or_on_ci(monkeypatch, ci, stream_type):
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    clock, stream = FakeClock(), stream_type()
     bar = jm.ProgressBarHook(stream=stream, clock=clock)
     sess = jm.MonitoredSession(float_loss_step, zero, hooks=[jm.StopAtStepHook(last_step=3), bar])
     run_until_stop(sess, clock)

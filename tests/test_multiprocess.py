@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cpu_env
+from helpers import cpu_env, free_port
 
 import jaxmon as jm
 
@@ -278,12 +277,6 @@ WORKER = textwrap.dedent('''
             raise ValueError(scenario)
     print("WORKER DONE", flush=True)
 ''')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Workers:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import numpy as np
-from helpers import cpu_env
+from helpers import cpu_env, free_port
 
 import jaxmon as jm
 
@@ -40,12 +39,6 @@ WORKER = textwrap.dedent('''
             time.sleep(0.01)
     print(f"done {sess.step} {sess.preemption_requested} {hook.saved_steps}", flush=True)
 ''')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):

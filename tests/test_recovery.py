@@ -1,4 +1,5 @@
-"""Recovery from preemption errors (reference checklist C, items 34-37 and 41)."""
+"""Recovery from preemption errors: the state re-created and the run retried, in the step,
+the data or `init_fn`, up to `max_recoveries`; other errors are not recovered."""
 
 import jax
 import pytest
@@ -9,7 +10,7 @@ from jaxmon._errors import is_recoverable
 
 
 @pytest.mark.parametrize("error", [jm.AbortedError, jm.UnavailableError])
-def test_a_preemption_error_re_creates_the_state_and_retries(error):  # items 34, 35, 41
+def test_a_preemption_error_re_creates_the_state_and_retries(error):
     hook = RecordingHook(raise_in={"before_run": (4, error("preempted"))})
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
     assert [int(sess.run(fetches="value")) for _ in range(3)] == [1, 2, 3]
@@ -20,7 +21,7 @@ def test_a_preemption_error_re_creates_the_state_and_retries(error):  # items 34
     assert hook.sessions == [sess, sess]
 
 
-def test_a_failing_init_fn_is_retried_at_creation():  # item 37
+def test_a_failing_init_fn_is_retried_at_creation():
     calls = []
 
     def init_fn():

@@ -1,9 +1,10 @@
-"""StopAtStepHook end to end (reference checklist E, items 52-57)."""
+"""StopAtStepHook end to end: `last_step` and `num_steps` targets, step jumps, argument
+checks, and the target across restarts and recoveries."""
 
 import logging
 
 import pytest
-from helpers import count_step, zero
+from helpers import RecordingHook, count_step, zero
 
 import jaxmon as jm
 
@@ -16,7 +17,7 @@ def run_all(sess):
     return values, stops
 
 
-def test_last_step_is_inclusive_and_a_restart_continues_to_the_new_last_step():  # item 52
+def test_last_step_is_inclusive_and_a_restart_continues_to_the_new_last_step():
     sess = jm.MonitoredSession(count_step, zero, hooks=[jm.StopAtStepHook(last_step=3)])
     assert run_all(sess) == ([1, 2, 3], [False, False, True])
     sess.close()
@@ -25,7 +26,7 @@ def test_last_step_is_inclusive_and_a_restart_continues_to_the_new_last_step(): 
     assert run_all(restarted) == ([4, 5], [False, True])
 
 
-def test_num_steps_counts_from_the_step_the_session_starts_at():  # item 53
+def test_num_steps_counts_from_the_step_the_session_starts_at():
     sess = jm.MonitoredSession(count_step, zero, hooks=[jm.StopAtStepHook(num_steps=3)])
     assert run_all(sess)[0] == [1, 2, 3]
     hook = jm.StopAtStepHook(num_steps=4)
@@ -44,19 +45,19 @@ def stops_at(hook, session_step, steps):
     return stopped
 
 
-def test_last_step_stops_at_and_past_it():  # item 54
+def test_last_step_stops_at_and_past_it():
     assert stops_at(jm.StopAtStepHook(last_step=10), 5, [5, 9, 10, 11]) == [False, False, True, True]
 
 
-def test_num_steps_target_is_the_start_step_plus_num_steps():  # item 55
+def test_num_steps_target_is_the_start_step_plus_num_steps():
     assert stops_at(jm.StopAtStepHook(num_steps=10), 5, [13, 14, 15, 16]) == [False, False, True, True]
 
 
-def test_a_step_jump_past_the_target_stops():  # item 56
+def test_a_step_jump_past_the_target_stops():
     assert stops_at(jm.StopAtStepHook(num_steps=10), 5, [15]) == [True]
 
 
-def test_arguments_are_validated():  # item 57
+def test_arguments_are_validated():
     with pytest.raises(ValueError, match="Only one of num_steps or last_step"):
         jm.StopAtStepHook(num_steps=1, last_step=2)
     with pytest.raises(ValueError, match="One of num_steps or last_step must be specified"):
@@ -65,7 +66,7 @@ def test_arguments_are_validated():  # item 57
         jm.StopAtStepHook(num_steps=-1)
 
 
-def test_no_step_counter_is_needed_in_the_state():  # item 57, as it maps to JAX
+def test_no_step_counter_is_needed_in_the_state():
     def no_counter(state, batch):  # the state is a bare float: no step variable anywhere
         return state * 0.5, {"value": state}
 
@@ -75,9 +76,19 @@ def test_no_step_counter_is_needed_in_the_state():  # item 57, as it maps to JAX
     assert sess.step == 4 and float(sess.state) == 1 / 16
 
 
-def test_a_session_already_past_last_step_runs_nothing():
-    sess = jm.MonitoredSession(count_step, zero, initial_step=5, hooks=[jm.StopAtStepHook(last_step=5)])
+@pytest.mark.parametrize("initial_step", [5, 7])
+def test_a_session_already_at_or_past_last_step_runs_nothing(initial_step):
+    record = RecordingHook()
+    sess = jm.MonitoredSession(count_step, zero, initial_step=initial_step,
+                               hooks=[jm.StopAtStepHook(last_step=5), record])
     assert sess.should_stop()
+    assert run_all(sess) == ([], [])  # a loop on should_stop() makes no run
+    with pytest.raises(RuntimeError, match="should_stop"):
+        sess.run()
+    sess.close()
+    assert sess.step == initial_step and int(sess.state) == 0  # no step ran
+    assert "before_run" not in record.calls and "after_run" not in record.calls
+    assert record.calls["end"] == 1
 
 
 def train_until(directory, hook, steps=None):

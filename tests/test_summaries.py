@@ -1,4 +1,5 @@
-"""Summary writing and profiling, read back from the real files (reference 2.7, 2.11; checklist L1-L3, L7)."""
+"""Summary writing (SummarySaverHook, the writers) and profiling (ProfilerHook), read back
+from the real files."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def expected_outputs(steps, reduce):
     return loss, acc
 
 
-# -- argument checks (L1) ------------------------------------------------------------
+# -- argument checks -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -108,7 +109,7 @@ def test_a_writer_with_only_some_of_the_protocol_methods_is_a_type_error():
         jm.SummarySaverHook(save_steps=1, summary_writer=Partial())
 
 
-# -- when summaries are written (L2, L3) ---------------------------------------------
+# -- when summaries are written -----------------------------------------------------
 
 
 @pytest.mark.parametrize("reduce", ["last", "mean"])  # "last": TF's values of the write step
@@ -492,7 +493,7 @@ def test_writing_output_scalars_compiles_the_step_once(tmp_path):
     assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 4, 7, 10, 13, 16, 19]
 
 
-# -- the profiler (L7) -----------------------------------------------------------------------
+# -- the profiler ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kwargs", [

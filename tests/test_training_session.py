@@ -1,11 +1,11 @@
 """MonitoredTrainingSession: TF's standard training services on a MonitoredSession
-(reference section 3, Supervisor's extras from section 4, checklist F items 58-66).
+(checkpoints, summaries, step counts, chief and non-chief) and Supervisor's extras.
 
 The JAX mapping: the step number is a host int saved in every checkpoint, so "the
 counter reads N after a restart" is the step of the re-created session (and the
 state's own step count, which the checkpoint restored with it). There is no graph:
-item 63 (`save_graph_def`) maps to "no such argument, and nothing like graph.pbtxt or
-.meta is written"; item 64's distribute-coordinator worker maps to `is_chief=False`.
+TF's `save_graph_def` maps to "no such argument, and nothing like graph.pbtxt or .meta
+is written"; TF's distribute-coordinator worker maps to `is_chief=False`.
 Every test reads its files back: checkpoints with jm.restore_checkpoint and the
 directory listing, summaries with TensorBoard's own EventAccumulator and
 metrics.jsonl.
@@ -25,6 +25,7 @@ from helpers import RecordingHook, events
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
+from jaxmon._checkpoint import complete_steps
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
@@ -64,16 +65,6 @@ def restarted(directory, **kwargs):
     restored state's own count of steps)."""
     with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=directory, **kwargs) as sess:
         return sess.step, int(sess.state["n"])
-
-
-def steps_on_disk(directory):
-    """The committed checkpoints in `directory`, by the directory listing (Orbax names
-    each committed step's directory by its step)."""
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory)
-                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
 
 
 def saver_of(sess):
@@ -138,32 +129,32 @@ def trained_dir(tmp_path_factory):
     """A run directory whose latest checkpoint is step 3 (read only by the tests using it)."""
     directory = tmp_path_factory.mktemp("trained")
     train(3, checkpoint_dir=directory, save_checkpoint_steps=1)
-    assert steps_on_disk(directory) == [0, 1, 2, 3]
+    assert complete_steps(directory) == [0, 1, 2, 3]
     return directory
 
 
-# -- 58: defaults, final checkpoint at close -------------------------------------------------
+# -- defaults, final checkpoint at close -----------------------------------------------------
 
 
-def test_default_arguments_restart_finds_the_final_checkpoint(tmp_path):  # item 58
+def test_default_arguments_restart_finds_the_final_checkpoint(tmp_path):
     sess = train(2, checkpoint_dir=tmp_path)
     assert sess.is_chief is True  # is_chief=None: jax.process_index() == 0
     assert hook_types(sess) == [jm.StepCounterHook, jm.SummarySaverHook, jm.CheckpointSaverHook]
     # The 600 s default period never elapsed: step 0 at creation, step 2 at close.
     assert saver_of(sess).saved_steps == [0, 2]
-    assert steps_on_disk(tmp_path) == [0, 2]
+    assert complete_steps(tmp_path) == [0, 2]
     assert jm.latest_checkpoint_step(tmp_path) == 2
     assert restarted(tmp_path) == (2, 2)
 
 
-# -- 59: save_checkpoint_steps ---------------------------------------------------------------
+# -- save_checkpoint_steps -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("every, saved", [(100, [0, 100]), (40, [0, 40, 80, 100])])
-def test_save_checkpoint_steps_restart_reads_100(tmp_path, every, saved):  # item 59
+def test_save_checkpoint_steps_restart_reads_100(tmp_path, every, saved):
     sess = train(100, checkpoint_dir=tmp_path, save_checkpoint_steps=every)
     assert saver_of(sess).saved_steps == saved  # the last step is saved once, not again at close
-    assert steps_on_disk(tmp_path) == saved
+    assert complete_steps(tmp_path) == saved
     assert jm.latest_checkpoint_step(tmp_path) == 100
     for step in saved:
         restored = jm.restore_checkpoint(tmp_path, step=step, like=init_fn())
@@ -172,42 +163,42 @@ def test_save_checkpoint_steps_restart_reads_100(tmp_path, every, saved):  # ite
     assert restarted(tmp_path) == (100, 100)
 
 
-# -- 60: save_checkpoint_secs ----------------------------------------------------------------
+# -- save_checkpoint_secs --------------------------------------------------------------------
 
 
-def test_save_checkpoint_secs_restart_reads_11(tmp_path):  # item 60
+def test_save_checkpoint_secs_restart_reads_11(tmp_path):
     # The session takes no clock (its hooks do), so this uses TF's real 0.1 s period and
     # 0.2 s sleep. The sleep guarantees a timed save at step 2, whatever the machine speed.
     sess = train(11, sleep_after={0: 0.2}, checkpoint_dir=tmp_path, save_checkpoint_secs=0.1, max_to_keep=None)
     saved = saver_of(sess).saved_steps
     assert saved[0] == 0 and 2 in saved and saved[-1] == 11
     assert saved == sorted(set(saved))
-    assert steps_on_disk(tmp_path) == saved  # max_to_keep=None keeps them all
+    assert complete_steps(tmp_path) == saved  # max_to_keep=None keeps them all
     assert restarted(tmp_path) == (11, 11)
 
 
-# -- 61: checkpoints off, chief-only hook ------------------------------------------------------
+# -- checkpoints off, chief-only hook ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("off", [{"save_checkpoint_secs": 0}, {"save_checkpoint_secs": None},
                                  {"save_checkpoint_steps": 0}])
-def test_checkpoints_off_writes_none_and_chief_only_hook_begins_once(tmp_path, off):  # item 61
+def test_checkpoints_off_writes_none_and_chief_only_hook_begins_once(tmp_path, off):
     chief_hook = RecordingHook("chief")
     sess = train(3, checkpoint_dir=tmp_path, chief_only_hooks=[chief_hook], **off)
     assert jm.CheckpointSaverHook not in hook_types(sess)
     assert chief_hook.calls["begin"] == 1
     assert chief_hook.calls["after_run"] == 3 and chief_hook.calls["end"] == 1
-    assert steps_on_disk(tmp_path) == []
+    assert complete_steps(tmp_path) == []
     assert jm.latest_checkpoint_step(tmp_path) is None
     assert event_files(tmp_path)  # summaries still go to checkpoint_dir
     assert restarted(tmp_path, **off) == (0, 0)
 
 
-# -- 62: summaries and global_step/sec -------------------------------------------------------
+# -- summaries and global_step/sec -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("period", [{"save_summaries_steps": 100}, {"save_summaries_secs": 0.1}])
-def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period):  # item 62
+def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period):
     sess = train(101, checkpoint_dir=tmp_path, log_step_count_steps=10, **period)
     assert sess.step == 101
     assert len(event_files(tmp_path)) == 1  # every hook shares the directory's one event file
@@ -235,10 +226,10 @@ def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period
     assert [line["step"] for line in lines if "global_step/sec" in line] == list(range(11, 102, 10))
 
 
-# -- 63: no graph --------------------------------------------------------------------------------
+# -- no graph ------------------------------------------------------------------------------------
 
 
-def test_there_is_no_graph_to_save(tmp_path):  # item 63
+def test_there_is_no_graph_to_save(tmp_path):
     with pytest.raises(TypeError, match="save_graph_def"):
         jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "refused", save_graph_def=True)
     assert not (tmp_path / "refused").exists()
@@ -249,10 +240,10 @@ def test_there_is_no_graph_to_save(tmp_path):  # item 63
     assert not [path for path in written if path.endswith((".pbtxt", ".meta", ".pb"))]
 
 
-# -- 64, 65: not the chief -------------------------------------------------------------------------
+# -- not the chief ---------------------------------------------------------------------------------
 
 
-def test_non_chief_runs_only_the_user_hooks_and_still_restores(trained_dir):  # items 64, 65
+def test_non_chief_runs_only_the_user_hooks_and_still_restores(trained_dir):
     before = snapshot(trained_dir)
     user, chief_only = RecordingHook("user"), RecordingHook("chief")
     with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=trained_dir, is_chief=False,
@@ -273,7 +264,7 @@ def test_non_chief_runs_only_the_user_hooks_and_still_restores(trained_dir):  # 
     assert snapshot(trained_dir) == before  # nothing written: no checkpoint, summary or config
 
 
-def test_non_chief_on_an_empty_directory_starts_fresh_and_creates_nothing(tmp_path):  # items 64, 65
+def test_non_chief_on_an_empty_directory_starts_fresh_and_creates_nothing(tmp_path):
     sess = train(2, checkpoint_dir=tmp_path / "ckpt", summary_dir=tmp_path / "summaries", is_chief=False)
     assert sess.hooks == ()
     assert sess.step == 2 and int(sess.state["n"]) == 2
@@ -290,7 +281,7 @@ def test_non_chief_restores_the_user_hooks_state_as_the_chief_does(tmp_path):
                                      hooks=[jm.StopAtStepHook(num_steps=3)]) as sess:
         while not sess.should_stop():
             sess.run()
-    assert sess.step == 3 and steps_on_disk(tmp_path) == [0, 3]
+    assert sess.step == 3 and complete_steps(tmp_path) == [0, 3]
     last_steps = {}
     for is_chief in (True, False):
         stop = jm.StopAtStepHook(num_steps=3)
@@ -302,14 +293,14 @@ def test_non_chief_restores_the_user_hooks_state_as_the_chief_does(tmp_path):
     assert last_steps[False] == last_steps[True]
 
 
-# -- 66: periods: both given, off, defaults ----------------------------------------------------
+# -- periods: both given, off, defaults --------------------------------------------------------
 
 
 @pytest.mark.parametrize("both", [
     {"save_checkpoint_secs": 60, "save_checkpoint_steps": 10},
     {"save_summaries_steps": 10, "save_summaries_secs": 60},
 ], ids=["checkpoints", "summaries"])
-def test_both_periods_of_one_service_is_a_value_error_naming_both(tmp_path, both):  # item 66
+def test_both_periods_of_one_service_is_a_value_error_naming_both(tmp_path, both):
     with pytest.raises(ValueError, match="Can not provide both") as info:
         jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path / "run", **both)
     for name, value in both.items():
@@ -352,7 +343,7 @@ EVERY_100 = "SecondOrStepTimer(every_steps=100)"
     ({"save_summaries_steps": None, "save_summaries_secs": None, "save_checkpoint_steps": 0,
       "save_checkpoint_secs": 0, "log_step_count_steps": None}, {}),
 ], ids=["neither", "USE_DEFAULT", "one-given", "other-one-given", "zero-beside-one", "off", "all-off"])
-def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):  # item 66
+def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):
     with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, **kwargs) as sess:
         timers = {type(hook).__name__: re.search(r"SecondOrStepTimer\([^)]*\)", repr(hook)).group(0)
                   for hook in sess.hooks}
@@ -361,7 +352,7 @@ def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):  # item 66
                             if name in expected]
 
 
-def test_hook_order_on_the_chief(tmp_path):  # item 66 (TF's order)
+def test_hook_order_on_the_chief(tmp_path):  # TF's order
     log = []
     chief = [RecordingHook("chief1", log), RecordingHook("chief2", log)]
     user = [RecordingHook("user1", log), RecordingHook("user2", log)]
@@ -379,7 +370,7 @@ def test_hook_order_on_the_chief(tmp_path):  # item 66 (TF's order)
 def test_summary_dir_separates_summaries_from_checkpoints(tmp_path):
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
     train(3, checkpoint_dir=ckpt, summary_dir=logs, save_summaries_steps=2, save_checkpoint_steps=2)
-    assert steps_on_disk(ckpt) == [0, 2, 3] and steps_on_disk(logs) == []
+    assert complete_steps(ckpt) == [0, 2, 3] and complete_steps(logs) == []
     assert event_files(logs) and not event_files(ckpt)
     assert not (ckpt / "metrics.jsonl").exists()
     assert scalar_steps(read_events(logs), "loss") == [1, 3]
@@ -452,7 +443,7 @@ def test_summary_computed_after_close_leaves_no_file_open(tmp_path):
 def test_config_is_saved_in_every_checkpoint_and_written_once_as_text(tmp_path):
     config = {"lr": 0.1, "model": {"depth": 2, "name": "mlp"}, "tags": ["a", "b"]}
     train(4, checkpoint_dir=tmp_path, save_checkpoint_steps=2, config=config)
-    assert steps_on_disk(tmp_path) == [0, 2, 4]
+    assert complete_steps(tmp_path) == [0, 2, 4]
     for step in (0, 2, 4):
         assert jm.restore_checkpoint(tmp_path, step=step, like=init_fn()).meta["config"] == config
     (text,) = texts(read_events(tmp_path), "config")

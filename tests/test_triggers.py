@@ -1,19 +1,13 @@
-"""The shared interval timer (reference checklist H, items 73-76), with a fake clock."""
+"""The shared interval timer (SecondOrStepTimer): its arguments, when it triggers by seconds or
+steps, and what it records, with a fake clock."""
 
 import pytest
+from helpers import FakeClock
 
 import jaxmon as jm
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_exactly_one_of_secs_and_steps():  # item 73
+def test_exactly_one_of_secs_and_steps():
     with pytest.raises(ValueError, match="Can not provide both every_secs and every_steps"):
         jm.SecondOrStepTimer(every_secs=2.0, every_steps=10)
     with pytest.raises(ValueError, match="Either every_secs or every_steps should be provided"):
@@ -24,31 +18,31 @@ def test_exactly_one_of_secs_and_steps():  # item 73
         jm.SecondOrStepTimer(every_secs=-1)
 
 
-def test_every_secs_triggers_once_time_has_passed_and_never_twice_for_a_step():  # item 74
+def test_every_secs_triggers_once_time_has_passed_and_never_twice_for_a_step():
     clock = FakeClock()
     timer = jm.SecondOrStepTimer(every_secs=1.0, clock=clock)
     assert timer.should_trigger_for_step(1)
     timer.update_last_triggered_step(1)
     assert not timer.should_trigger_for_step(1) and not timer.should_trigger_for_step(2)
-    clock.now += 1.0
+    clock.t += 1.0
     assert not timer.should_trigger_for_step(1)
     assert timer.should_trigger_for_step(2)
 
 
-def test_every_steps_triggers_at_the_interval():  # item 75
+def test_every_steps_triggers_at_the_interval():
     timer = jm.SecondOrStepTimer(every_steps=3)
     assert timer.should_trigger_for_step(1)
     timer.update_last_triggered_step(1)
     assert [timer.should_trigger_for_step(s) for s in (1, 2, 3, 4)] == [False, False, False, True]
 
 
-def test_update_returns_elapsed_seconds_and_steps():  # item 76
+def test_update_returns_elapsed_seconds_and_steps():
     clock = FakeClock()
     timer = jm.SecondOrStepTimer(every_steps=1, clock=clock)
     assert timer.update_last_triggered_step(1) == (None, None)
-    clock.now += 0.5
+    clock.t += 0.5
     assert timer.update_last_triggered_step(5) == (0.5, 4)
-    clock.now += 0.25
+    clock.t += 0.25
     assert timer.update_last_triggered_step(7) == (0.25, 2)
     assert timer.last_triggered_step() == 7
 
