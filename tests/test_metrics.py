@@ -1,0 +1,248 @@
+"""Metrics over steps on their own: the one int32 array the accumulators travel in
+(`_Layout`), the reductions `Mean` and `FirstNonFinite` (update and result called on
+plain values, no session), and `Accumulators`' reads (who restarts, when `after_read`
+comes). Carries are packed by hand on the host; only the restart is jitted."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmon as jm
+from jaxmon._metrics import Accumulators, FirstNonFinite, Mean, Reduction, _Layout, check_reduce
+
+SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+
+
+# -- the layout --------------------------------------------------------------------------------
+
+
+def trees():
+    return [np.array(7, np.int32),
+            {"mean": np.array([1.5, -2.25], np.float32), "n": np.array(3, np.int32)},
+            {"bad": np.array([np.nan, np.inf, -np.inf], np.float32), "m": np.eye(2, dtype=np.int32)}]
+
+
+def layout():
+    return _Layout(trees())
+
+
+def assert_trees_equal(got, want):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a = np.asarray(a)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)  # NaNs equal where both are NaN
+
+
+def test_the_layout_packs_every_leaf_into_one_int32_array_and_back_on_the_host():
+    packed = layout().pack_host(trees())
+    assert packed.dtype == np.int32 and packed.shape == (1 + 3 + 3 + 4,) and layout().size == 11
+    assert packed[0] == 7 and packed[1] == np.float32(1.5).view(np.int32)  # a float32 as its bits
+    assert_trees_equal(layout().unpack_host(packed), trees())
+
+
+def test_the_layout_packs_alike_when_traced():
+    lay = layout()
+    packed = lay.pack_host(trees())
+    round_trip = jax.jit(lambda carry: lay.pack(lay.unpack(carry)))
+    np.testing.assert_array_equal(np.asarray(round_trip(jnp.asarray(packed))), packed)
+    traced = jax.jit(lambda: lay.pack(trees()))()  # the traced pack gives the host's bits
+    np.testing.assert_array_equal(np.asarray(traced), packed)
+    assert_trees_equal(lay.unpack(jnp.asarray(packed)), trees())
+
+
+def test_the_layout_takes_int32_and_float32_leaves_only():
+    with pytest.raises(TypeError, match="accumulator leaves must be int32 or float32; got float64"):
+        _Layout([np.zeros(2)])
+    assert _Layout([]).pack_host([]).shape == (0,)
+
+
+def test_the_restart_mask_covers_exactly_the_slots_of_the_trees_named():
+    mask = layout().restart_mask([1])
+    assert mask.tolist() == [False, True, True, True] + [False] * 7
+    assert layout().restart_mask([0, 2]).tolist() == [True] + [False] * 3 + [True] * 7
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+
+def test_mean_is_the_mean_of_every_step_leaf_by_leaf():
+    mean = Mean()
+    acc = mean.init({"a": SCALAR, "b": jax.ShapeDtypeStruct((2,), jnp.int32)})
+    assert acc["a"].dtype == np.float32 and acc["b"].shape == (2,)
+    for i, value in enumerate([1.0, 2.0, 6.0]):
+        acc = mean.update(acc, {"a": jnp.float32(value), "b": jnp.array([i, 2 * i])}, jnp.int32(i + 1))
+    result = mean.result(jax.device_get(acc), 3)
+    assert float(result["a"]) == 3.0 and result["b"].tolist() == [1.0, 2.0]
+    assert mean.result({"a": np.float32(5.0)}, 0) == {"a": 5.0}  # no steps yet: the sum as it is
+    assert Mean.restarts and not FirstNonFinite.restarts
+
+
+def run_first_non_finite(reduction, values, shape=()):
+    acc = reduction.init(jax.ShapeDtypeStruct(shape, jnp.float32))
+    accepted = []
+    for step, value in enumerate(values, start=1):
+        acc = reduction.update(acc, jnp.asarray(value, jnp.float32), jnp.int32(step))
+        keep = reduction.accept(acc)
+        accepted.append(None if keep is None else bool(keep))
+    return reduction.result(jax.device_get(acc), len(values)), accepted
+
+
+def test_first_non_finite_gives_the_first_bad_step_and_its_value():
+    result, accepted = run_first_non_finite(FirstNonFinite(), [1.0, 2.0, np.nan, np.inf, 3.0])
+    assert result["step"] == 3 and np.isnan(result["value"]) and result["skipped"] == 0
+    assert accepted == [None] * 5  # no skips: every update is kept
+    result, _ = run_first_non_finite(FirstNonFinite(), [1.0, -np.inf])
+    assert result == {"step": 2, "value": -np.inf, "skipped": 0}
+    result, _ = run_first_non_finite(FirstNonFinite(), [1.0, 2.0])
+    assert result == {"step": None, "value": 0.0, "skipped": 0}
+
+
+def test_first_non_finite_skips_up_to_max_skips_consecutive_bad_steps():
+    values = [1.0, np.nan, np.nan, 1.0, np.nan, np.nan, np.nan, 1.0]
+    result, accepted = run_first_non_finite(FirstNonFinite(max_skips=2), values)
+    assert result["step"] == 7 and result["skipped"] == 4  # the third bad step in a row fails
+    assert accepted == [True, False, False, True, False, False, True, True]  # after the failure: kept
+
+
+def test_first_non_finite_of_an_array_counts_its_bad_entries():
+    result, _ = run_first_non_finite(FirstNonFinite(), [np.ones(4), [1.0, np.nan, np.inf, 2.0]], shape=(4,))
+    assert result == {"step": 2, "value": "2 of 4 entries non-finite", "skipped": 0}
+
+
+def test_a_reduction_reads_its_value_by_name_path_list_or_callable():
+    outputs = {"loss": jnp.float32(1.0), "vec": jnp.ones(3), "m": {"acc": jnp.float32(0.5)}}
+    assert float(Reduction("m/acc").value(None, None, outputs)) == 0.5
+    assert sorted(Reduction().value(None, None, outputs)) == ["loss", "m/acc"]  # every scalar output
+    assert sorted(Reduction(["loss", "vec", "gone"]).value(None, None, outputs)) == ["loss"]
+    assert Reduction(lambda s, b, o: s + 1).value(2, None, outputs) == 3
+    with pytest.raises(ValueError, match=r"Reduction\('los'\) reduces 'los', which is not an output"
+                                         r".*\['loss', 'm/acc', 'vec'\]"):
+        Reduction("los").value(None, None, outputs)
+    with pytest.raises(TypeError, match="Mean fetch: fetch"):
+        Mean(["loss", 3])
+
+
+def test_reduce_is_mean_or_last():
+    assert check_reduce("Hook", "last") == "last"
+    with pytest.raises(ValueError, match="Hook reduce must be 'mean'.*got 'sum'"):
+        check_reduce("Hook", "sum")
+
+
+# -- accumulators ---------------------------------------------------------------------------------
+
+
+class Reads(jm.Hook):
+    def __init__(self, name, **accumulators):
+        self.name, self.accumulators = name, accumulators
+
+    def __repr__(self):
+        return f"Reads({self.name!r})"
+
+
+def step_fn(state, batch):
+    return state + 1, {"loss": state}
+
+
+class Setup:
+    """Accumulators of hooks a (a mean) and b (a mean and a first non-finite), prepared
+    at step 0 without a compile; `carry(...)` puts a carry of the given sums in place."""
+
+    def __init__(self):
+        self.a = Reads("a", m=Mean("loss"))
+        self.b = Reads("b", m=Mean("loss"), nan=FirstNonFinite("loss"))
+        self.delivered = []
+        self.acc = Accumulators([self.a, jm.Hook(), self.b], on_read=lambda step, values: self.delivered.append(
+            (step, [(hook.name, hook_values) for hook, hook_values in values])))
+        self.acc.start(0)
+        self.acc.carry(step_fn, jnp.float32(0), {}, 1, 0, None)
+
+    def put(self, step, a_sum, b_sum, nan_step=-1):
+        host = self.acc._layout.pack_host([np.array(step, np.int32), np.float32(a_sum), np.float32(b_sum),
+                                           {"step": np.int32(nan_step), "value": np.float32(np.nan),
+                                            "run": np.int32(0), "skipped": np.int32(1)}])
+        self.acc.advance(jnp.asarray(host))
+
+    def sums(self):
+        _, a, b, nan = self.acc._layout.unpack_host(np.asarray(self.acc._carry))
+        return float(a), float(b), int(nan["step"])
+
+
+def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
+    setup = Setup()
+    assert setup.acc.active and setup.acc._hooks == [setup.a, setup.b]
+    assert not Accumulators([jm.Hook()], on_read=print).active
+    with pytest.raises(TypeError, match=r"Reads\('x'\).accumulators\['m'\] is 'loss', not a jm.Reduction"):
+        Accumulators([Reads("x", m="loss")], on_read=print)
+
+
+def test_a_read_restarts_only_the_readers_restarting_accumulators():
+    setup = Setup()
+    setup.put(5, a_sum=10.0, b_sum=20.0, nan_step=3)
+    assert setup.acc.read(5, []) is None  # no reader
+    read = setup.acc.read(5, [setup.b])
+    assert setup.sums() == (10.0, 0.0, 3)  # b's mean restarted; a's and the sticky flag kept
+    assert read.values(setup.b) == {"m": 4.0, "nan": {"step": 3, "value": pytest.approx(np.nan, nan_ok=True),
+                                                      "skipped": 1}}
+    assert read.values(setup.a) == {"m": 2.0}  # a's mean so far, over 5 steps, not restarted
+    setup.put(8, a_sum=16.0, b_sum=6.0, nan_step=3)
+    read = setup.acc.read(8, [setup.a, setup.b])
+    assert read.values(setup.a)["m"] == 2.0 and read.values(setup.b)["m"] == 2.0  # 16 / 8 and 6 / (8 - 5)
+    assert setup.sums() == (0.0, 0.0, 3)
+    assert setup.acc.compile_count == 2  # one restart program per set of readers
+
+
+def test_after_read_comes_once_per_read_with_every_hooks_values():
+    setup = Setup()
+    setup.put(4, a_sum=4.0, b_sum=8.0)
+    read = setup.acc.read(4, [setup.a])
+    assert setup.delivered == []  # delivered when first needed
+    read.values(setup.a)
+    read.values(setup.b)
+    assert setup.delivered == [(4, [("a", {"m": 1.0}), ("b", {"m": 2.0, "nan": {"step": None,
+                                                                              "value": pytest.approx(np.nan,
+                                                                                                     nan_ok=True),
+                                                                              "skipped": 1}})])]
+    setup.acc.read_now(4)  # the read of this step is delivered already
+    assert len(setup.delivered) == 1
+    setup.put(6, a_sum=2.0, b_sum=8.0)
+    setup.acc.read_now(6)  # no read at 6: a new one, delivered now, restarting nobody
+    assert [step for step, _ in setup.delivered] == [4, 6]
+    assert dict(setup.delivered[1][1])["a"]["m"] == 1.0 and setup.sums()[:2] == (2.0, 8.0)
+    setup.acc.read_now(6)
+    assert len(setup.delivered) == 2
+
+
+def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
+    setup = Setup()
+    setup.put(3, a_sum=3.0, b_sum=3.0)
+    setup.acc.read(3, [setup.b])
+    setup.acc.read_now(3)
+    assert [step for step, _ in setup.delivered] == [3]
+    assert setup.sums()[1] == 0.0  # read_now did not read (nor restart) again
+
+
+def test_start_forgets_the_carry_and_counts_from_the_new_step():
+    setup = Setup()
+    setup.put(4, a_sum=4.0, b_sum=4.0)
+    setup.acc.start(10)
+    assert setup.acc.read(12, [setup.a]) is None
+    setup.acc.read_now(12)
+    assert setup.delivered == []
+
+
+def test_update_keeps_the_old_state_while_a_skipping_reduction_refuses_it():
+    hook = Reads("skip", nan=FirstNonFinite("loss", max_skips=1))
+    acc = Accumulators([hook], on_read=print)
+    acc.start(0)
+    carry = acc.carry(step_fn, jnp.float32(0), {}, 1, 0, None)
+    assert acc.guards
+    new_carry, kept = acc.update(carry, jnp.float32(1.0), jnp.float32(2.0), {}, {"loss": jnp.float32(np.nan)})
+    assert float(kept) == 1.0  # the first bad step is skipped: the old state stays
+    _, nan = acc._layout.unpack_host(np.asarray(new_carry))
+    assert int(nan["skipped"]) == 1 and int(acc._layout.unpack_host(np.asarray(new_carry))[0]) == 1
+    _, kept = acc.update(new_carry, jnp.float32(1.0), jnp.float32(2.0), {}, {"loss": jnp.float32(np.nan)})
+    assert float(kept) == 2.0  # the second in a row fails: kept, and reported
