@@ -69,7 +69,7 @@ class BatchSource:
         """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
         next trigger after `step` allows (a power of two)."""
         if self._steps_per_dispatch == 1:
-            if not self._prefetch:
+            if not self._prefetch and not self._buffer and self._deferred is None:
                 return next(self._data)
             batch = self.next_one()
             try:

@@ -84,7 +84,7 @@ class FetchPlan:
             for spec in request.values() if request else ():
                 self.owners.setdefault(spec, owner)
         self.key: tuple[Callable[..., Any], ...] = tuple(
-            sorted((spec for spec in self.owners if not isinstance(spec, str)), key=hash)
+            sorted((spec for spec in self.owners if not isinstance(spec, str)), key=lambda spec: (hash(spec), id(spec)))
         )
         # Nobody asked anything (most runs): the same answer every time, made once.
         self._nothing = [None] * len(requests) if all(r is None for _, r in requests) else None
