@@ -51,6 +51,8 @@ class BatchSource:
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
+        #: Whether runs take their batches from `data` (else each run is given one).
+        self.has_data = self._data is not None
         self._owned = data is not None and self._data is not data
         self._put = jax.device_put if put is None else put
         self._steps_per_dispatch = steps_per_dispatch
@@ -60,10 +62,6 @@ class BatchSource:
         self._positions: Callable[[], Any] | None = positions if callable(positions) else None
         self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
-
-    @property
-    def has_data(self) -> bool:
-        return self._data is not None
 
     def next(self, step: int) -> Any:
         """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the

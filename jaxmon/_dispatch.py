@@ -18,6 +18,7 @@ from jaxmon._metrics import Accumulators
 from jaxmon._step import CompiledStep
 
 NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
+_new_tuple = tuple.__new__
 
 
 class Dispatch:
@@ -70,40 +71,23 @@ class Dispatch:
         """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
         `plan` merged into `batch` and every fetch of `plan` and the caller's
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
-        if not plan.calls and not plan.feeds and wanted is None:  # most runs: nothing asked
-            new_state, outputs, _ = self._call(state, batch, NOTHING_FETCHED, length, step, batch)
-            return RunResult(new_state, outputs)
-        fed, fetches = batch, NOTHING_FETCHED
-        fetching = [i for i, call in enumerate(plan.calls) if call.fetches is not None]
-        if plan.feeds:
-            fed = _with_feeds(batch, plan.feeds, length)
-        if fetching or wanted is not None:
-            fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
-                                          *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
-        new_state, outputs, fetched = self._call(state, fed, fetches, length, step, batch)
-        caller, *values = fetches.route(outputs, fetched)
-        results = ()
-        if fetching:
-            routed = dict(zip(fetching, values, strict=True))
-            results = tuple(routed.get(i) for i in range(len(plan.calls)))
-        return RunResult(new_state, outputs, caller, results)
-
-    def _call(self, state: Any, batch: Any, fetches: _fetches.FetchPlan, length: int, step: int,
-              unfed: Any) -> tuple[Any, Any, tuple]:
-        """The compiled call: `(new_state, outputs, fetched)`; `unfed` is `batch` before
-        the hooks' feeds."""
+        fed, fetches, fetching = batch, NOTHING_FETCHED, ()
+        if plan.calls or plan.feeds or wanted is not None:  # most runs ask nothing
+            fed, fetches, fetching = _requests(batch, plan, wanted, length)
         if self._placement is not None:
-            batch = self._placement.place_batch(batch)
+            fed = self._placement.place_batch(fed)
         accumulators = self._accumulators
         try:
             if accumulators is None:
-                state, outputs, fetched = self._compiled(fetches.key, state, batch, fetches.owners, length,
-                                                         unfed=unfed, step=step)
+                new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, length,
+                                                             unfed=batch, step=step)
             else:
-                carry = accumulators.carry(self._compiled.step_fn, state, batch, length, step,
-                                           _carry_sharding(state, self._placement))
-                state, outputs, fetched, carry = self._compiled(fetches.key, state, batch, fetches.owners, length,
-                                                                carry, unfed, step)
+                carry = accumulators.carry
+                if carry is None:  # the first run since the state was created
+                    carry = accumulators.prepare(self._compiled.step_fn, state, fed, length, step,
+                                                 _carry_sharding(state, self._placement))
+                new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, length,
+                                                                    carry, batch, step)
                 accumulators.advance(carry)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
@@ -112,9 +96,15 @@ class Dispatch:
                     error.add_note(note)
             raise
         if self.max_dispatch_ahead is not None:
-            self._bound(state, outputs, step)
-        self._last_batch, self.last_outputs, self._last_length = batch, outputs, length
-        return state, outputs, fetched
+            self._bound(new_state, outputs, step)
+        self._last_batch, self.last_outputs, self._last_length = fed, outputs, length
+        if fetches is NOTHING_FETCHED:
+            return _new_tuple(RunResult, (new_state, outputs, None, ()))  # RunResult(new_state, outputs), faster
+        caller, *values = fetches.route(outputs, fetched)
+        if not fetching:
+            return RunResult(new_state, outputs, caller)
+        routed = dict(zip(fetching, values, strict=True))
+        return RunResult(new_state, outputs, caller, tuple(routed.get(i) for i in range(len(plan.calls))))
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
@@ -149,6 +139,19 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
         return placement.replicated
     leaf = next(iter(jax.tree.leaves(state)), None)
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
+
+
+def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None,
+              length: int) -> tuple[Any, _fetches.FetchPlan, list[int]]:
+    """The batch with the plan's feeds merged in, the run's fetch plan (the caller's
+    first, then each fetching call's), and the indices of those calls in the plan."""
+    fetching = [i for i, call in enumerate(plan.calls) if call.fetches is not None]
+    fed = _with_feeds(batch, plan.feeds, length) if plan.feeds else batch
+    fetches = NOTHING_FETCHED
+    if fetching or wanted is not None:
+        fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
+                                      *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
+    return fed, fetches, fetching
 
 
 def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:

@@ -16,7 +16,7 @@ from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
-from jaxmon._schedule import schedule_of
+from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
@@ -81,7 +81,6 @@ class HookRunner:
         # (hook, has a before_run, has an after_run, its schedule): a run calls no event that does nothing on it.
         self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook))
                        for hook in self.hooks]
-        self._cuts = [schedule.cut for *_, schedule in self._calls if schedule.cut is not None]
         self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
@@ -149,9 +148,16 @@ class HookRunner:
                 self.failed(hook, event, step, error)
 
     def run_limit(self, step: int, limit: int) -> int:
-        """`limit`, cut to the next step some hook must end a run on."""
-        for cut in self._cuts:
-            steps = cut(step)
+        """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
+        trigger is the one it last gave (its state changes only in its own events)."""
+        for i, (_, _, _, schedule) in enumerate(self._calls):
+            if schedule.cut is None:
+                continue
+            trigger = self._wake[i]
+            if schedule.next is None or trigger.step <= step:
+                steps = schedule.cut(step)
+            else:
+                steps = steps_to(trigger, step)
             if steps is not None:
                 limit = min(limit, steps)
         return limit

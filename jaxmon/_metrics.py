@@ -220,26 +220,26 @@ class Accumulators:
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}
         self._sharding: Any = None
-        self._carry: jax.Array | None = None
+        #: The carry the next run starts from; None before the first run after `start`.
+        self.carry: jax.Array | None = None
         self._since: dict[int, int] = {}
         self._last_read: Read | None = None
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
 
     def start(self, step: int) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh."""
-        self._carry, self._last_read = None, None
+        self.carry, self._last_read = None, None
         self._since = {id(hook): step for hook in self._hooks}
 
-    def carry(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
-              sharding: Any) -> jax.Array:
-        """The carry a run after `step` starts from; built on the first run after `start`."""
-        if self._carry is None:
-            self._prepare(step_fn, state, batch, length, step, sharding)
-        return self._carry
+    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
+                sharding: Any) -> jax.Array:
+        """Builds the carry of the first run after `start` (the run after `step`)."""
+        self._prepare(step_fn, state, batch, length, step, sharding)
+        return self.carry
 
     def advance(self, carry: jax.Array) -> None:
         """Keeps the carry a run returned."""
-        self._carry = carry
+        self.carry = carry
 
     def _prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
                  sharding: Any) -> None:
@@ -256,9 +256,9 @@ class Accumulators:
             self._layout = _Layout([np.array(0, np.int32), *self._inits])
         host = self._layout.pack_host([np.array(step, np.int32), *self._inits])
         if sharding is None:
-            self._carry = jax.device_put(host)
+            self.carry = jax.device_put(host)
         else:
-            self._carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+            self.carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
         self._sharding = sharding
 
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
@@ -281,12 +281,12 @@ class Accumulators:
     def read(self, step: int, readers: Sequence[Any]) -> Read | None:
         """A read of the carry after the run that ended at `step` for `readers` (hooks
         that asked; None when none did): their accumulators start again from `step`."""
-        if not readers or not self.active or self._carry is None:
+        if not readers or not self.active or self.carry is None:
             return None
         return self._read(step, readers)
 
     def _read(self, step: int, readers: Sequence[Any]) -> Read:
-        carry = self._carry
+        carry = self.carry
         read = self._last_read = Read(self, step, carry,
                                       {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
@@ -294,7 +294,7 @@ class Accumulators:
         for hook in readers:
             self._since[id(hook)] = step
         if indices:
-            self._carry = self._restarted(carry, self._layout.restart_mask(indices))
+            self.carry = self._restarted(carry, self._layout.restart_mask(indices))
         return read
 
     def read_now(self, step: int) -> None:
@@ -302,7 +302,7 @@ class Accumulators:
         read at that step (delivered now if it was not yet), else a new one."""
         if self._last_read is not None and self._last_read.step == step:
             self._last_read.host()
-        elif self._carry is not None:
+        elif self.carry is not None:
             self._read(step, ()).host()
 
     def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
@@ -338,14 +338,14 @@ class Read:
     are delivered (every hook's `after_read`) the first time they are needed."""
 
     def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, steps: dict[int, int]):
-        self._accumulators, self.step, self._carry, self._steps = accumulators, step, carry, steps
+        self._accumulators, self.step, self.carry, self._steps = accumulators, step, carry, steps
         self._values: dict[int, dict[str, Any]] | None = None
         (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
 
     def host(self) -> dict[int, dict[str, Any]]:
         if self._values is None:
-            self._values = self._accumulators.results(to_host(self._carry), self._steps)
-            self._carry = None
+            self._values = self._accumulators.results(to_host(self.carry), self._steps)
+            self.carry = None
             self._accumulators.deliver(self.step, self._values)
         return self._values
 

@@ -136,8 +136,9 @@ class MonitoredSession:
           RuntimeError: the session was asked to stop, or is closed.
           StopIteration: `data` (or a hook) ended; inside `with`, the block ends cleanly.
         """
-        _check_can_run(self._closed, self._stopping.decided)
-        wanted = _fetches.normalize(fetches, "run(fetches=...)")
+        if self._closed or self._stopping.decided:
+            _refuse_run(self._closed)
+        wanted = None if fetches is None else _fetches.normalize(fetches, "run(fetches=...)")
         if self._agreed is not None:
             return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
         from_data = take = batch is None and self._batches.has_data
@@ -161,14 +162,17 @@ class MonitoredSession:
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
-        length, batch, given = as_run(batch, self.steps_per_dispatch)
+        if self.steps_per_dispatch == 1:
+            length, given = 1, batch
+        else:
+            length, batch, given = as_run(batch, self.steps_per_dispatch)
         if self._preemption.requested:
             self._runner.reschedule()  # a saver's next trigger is now
         plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
         self._state, self._step = result.state, self._step + length
         self._stopping.after_run(self._step)  # several processes: JAX's preemption sync point
-        read = self._accumulators.read(self._step, plan.readers)
+        read = plan.readers and self._accumulators.read(self._step, plan.readers)
         caller = self._runner.after_run(plan, result, self._step, read)
         return result.outputs if caller is None else caller
 
@@ -320,12 +324,11 @@ class MonitoredSession:
         return self._dispatch.compile_count
 
 
-def _check_can_run(closed: bool, stopped: bool) -> None:
+def _refuse_run(closed: bool) -> None:
     if closed:
         raise RuntimeError("Run called on a closed session. Create a new session to train further.")
-    if stopped:
-        raise RuntimeError("Run called even after should_stop requested. Check sess.should_stop() "
-                           "before each run (`while not sess.should_stop(): sess.run()`).")
+    raise RuntimeError("Run called even after should_stop requested. Check sess.should_stop() "
+                       "before each run (`while not sess.should_stop(): sess.run()`).")
 
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,

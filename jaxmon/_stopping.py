@@ -45,7 +45,8 @@ class Stopping:
     def after_run(self, step: int) -> None:
         """A preemption asks to stop after the run that completed `step` (several
         processes: once JAX's preemption service says every process reached it)."""
-        if self.preemption.after_run(step):
+        preemption = self.preemption
+        if (preemption.polling or preemption.requested) and preemption.after_run(step):
             self.request()
 
     def should_stop(self) -> bool:

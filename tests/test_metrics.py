@@ -158,7 +158,7 @@ class Setup:
         self.acc = Accumulators([self.a, jm.Hook(), self.b], on_read=lambda step, values: self.delivered.append(
             (step, [(hook.name, hook_values) for hook, hook_values in values])))
         self.acc.start(0)
-        self.acc.carry(step_fn, jnp.float32(0), {}, 1, 0, None)
+        self.acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
 
     def put(self, step, a_sum, b_sum, nan_step=-1):
         host = self.acc._layout.pack_host([np.array(step, np.int32), np.float32(a_sum), np.float32(b_sum),
@@ -167,7 +167,7 @@ class Setup:
         self.acc.advance(jnp.asarray(host))
 
     def sums(self):
-        _, a, b, nan = self.acc._layout.unpack_host(np.asarray(self.acc._carry))
+        _, a, b, nan = self.acc._layout.unpack_host(np.asarray(self.acc.carry))
         return float(a), float(b), int(nan["step"])
 
 
@@ -238,7 +238,7 @@ def test_update_keeps_the_old_state_while_a_skipping_reduction_refuses_it():
     hook = Reads("skip", nan=FirstNonFinite("loss", max_skips=1))
     acc = Accumulators([hook], on_read=print)
     acc.start(0)
-    carry = acc.carry(step_fn, jnp.float32(0), {}, 1, 0, None)
+    carry = acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
     assert acc.guards
     new_carry, kept = acc.update(carry, jnp.float32(1.0), jnp.float32(2.0), {}, {"loss": jnp.float32(np.nan)})
     assert float(kept) == 1.0  # the first bad step is skipped: the old state stays
