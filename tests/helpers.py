@@ -94,6 +94,48 @@ def events(log, event):
     return [name for name, e in log if e == event]
 
 
+class Counter:
+    """An iterator over batches {"x": 1.}, {"x": 2.}, ... (`count` of them, default
+    endless), whose position is how many it gave; `closed` once closed."""
+
+    def __init__(self, count=float("inf")):
+        self.i, self.count, self.closed = 0, count, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.count:
+            raise StopIteration
+        self.i += 1
+        return {"x": np.float32(self.i)}
+
+    def get_state(self):
+        return {"i": self.i}
+
+    def set_state(self, state):
+        self.i = state["i"]
+
+    def close(self):
+        self.closed = True
+
+
+class Plain:
+    """The same batches without a position."""
+
+    def __init__(self, count=float("inf")):
+        self.i, self.count = 0, count
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.count:
+            raise StopIteration
+        self.i += 1
+        return {"x": np.float32(self.i)}
+
+
 class FakeClock:
     """A clock for hooks' `clock=`: returns `t`, which tests move by hand."""
 

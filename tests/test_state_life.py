@@ -13,45 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Counter, Plain
 
 import jaxmon as jm
 from jaxmon import _checkpoint
 from jaxmon._batches import BatchSource
 from jaxmon._state_life import Snapshot, StateLife, _hook_keys
-
-
-class Positions:
-    """Batches {"x": 1.}, {"x": 2.}, ... with a position: how many were given."""
-
-    def __init__(self):
-        self.i = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        self.i += 1
-        return {"x": np.float32(self.i)}
-
-    def get_state(self):
-        return {"i": self.i}
-
-    def set_state(self, state):
-        self.i = state["i"]
-
-
-class Plain:
-    """The same batches without a position."""
-
-    def __init__(self):
-        self.i = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        self.i += 1
-        return {"x": np.float32(self.i)}
 
 
 class Keeper(jm.Hook):
@@ -99,12 +66,12 @@ def zero():
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """A directory with the checkpoints of steps 0, 2 and 3 of a run over `Positions`."""
+    """A directory with the checkpoints of steps 0, 2 and 3 of a run over `Counter`."""
     directory = tmp_path_factory.mktemp("run")
     hooks = [jm.CheckpointSaverHook(directory, save_steps=2), Keeper(), Keeper(100), Other(50), OldTimed()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # OldTimed's timer schedules it
-        sess = jm.MonitoredSession(add, zero, data=Positions(), hooks=hooks, config={"lr": 0.1})
+        sess = jm.MonitoredSession(add, zero, data=Counter(), hooks=hooks, config={"lr": 0.1})
     for _ in range(3):
         sess.run()
     sess.close()
@@ -137,7 +104,7 @@ def test_without_checkpoints_a_fresh_state_is_built_at_the_initial_step(tmp_path
         return np.float32(4.0)
 
     for directory in (None, tmp_path / "empty"):
-        state_life = life(directory, init_fn=init_fn, initial_step=7, data=Positions())
+        state_life = life(directory, init_fn=init_fn, initial_step=7, data=Counter())
         state, step = create(state_life)
         assert step == 7 and float(state) == 4.0
         assert isinstance(state, jax.Array) and state.committed  # as a restored one would be
@@ -146,7 +113,7 @@ def test_without_checkpoints_a_fresh_state_is_built_at_the_initial_step(tmp_path
 
 
 def test_the_latest_checkpoint_is_restored_with_its_step_and_data_position(checkpoints):
-    data = Positions()
+    data = Counter()
     state_life = life(checkpoints, data=data)
     state, step = create(state_life)
     assert (step, float(state)) == (3, 6.0)  # 1 + 2 + 3
@@ -167,7 +134,7 @@ def test_data_without_set_state_is_not_rewound_and_says_so(checkpoints, caplog):
 def test_hook_states_come_back_by_class_name_whatever_hooks_of_other_classes_came_in_between(checkpoints):
     first, second, other, old = Keeper(), Keeper(), Other(), OldTimed()
     hooks = [Newcomer(), first, jm.Hook(), second, Newcomer(), other, old]  # new hooks, another order
-    create(life(checkpoints, hooks=hooks, data=Positions()))
+    create(life(checkpoints, hooks=hooks, data=Counter()))
     assert (first.n, second.n, other.n) == (3, 103, 53)
     assert old.timer.last_triggered_step() == 3  # the legacy save of its timer, taken back
     assert [key for key, _ in _hook_keys(tuple(hooks))] == ["Newcomer", "Keeper", "Hook", "Keeper#2", "Newcomer#2",
@@ -182,7 +149,7 @@ def test_a_recovery_restores_state_and_data_but_leaves_the_hooks_their_own_state
         def wait_until_finished(self):
             Saver.waited += 1
 
-    keeper, data = Keeper(9), Positions()
+    keeper, data = Keeper(9), Counter()
     state_life = life(None, hooks=[Saver(), keeper], data=data)
     state, step = create(state_life, recovering=jm.AbortedError("a peer restarted"))
     assert (step, float(state)) == (3, 6.0) and data.i == 3 and state_life.data_rewound
@@ -210,7 +177,7 @@ def test_resume_info_holds_every_hook_state_by_key_and_the_data_position():
         def get_state(self):
             return None
 
-    old, quiet, data = OldTimed(), Quiet(), Positions()
+    old, quiet, data = OldTimed(), Quiet(), Counter()
     old.timer.update_last_triggered_step(5)
     quiet.timer.update_last_triggered_step(5)
     next(data)
@@ -284,7 +251,7 @@ def test_a_state_given_with_state_is_used_once_and_cannot_be_made_again_on_recov
 
 
 def test_a_state_given_with_state_is_restored_like_itself(checkpoints):
-    state, step = create(life(checkpoints, init_fn=None, state=jnp.float32(0.0), data=Positions()))
+    state, step = create(life(checkpoints, init_fn=None, state=jnp.float32(0.0), data=Counter()))
     assert (step, float(state)) == (3, 6.0)
 
 
