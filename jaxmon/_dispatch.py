@@ -72,7 +72,7 @@ class Dispatch:
         `plan` merged into `batch` and every fetch of `plan` and the caller's
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
         fed, fetches, fetching = batch, NOTHING_FETCHED, ()
-        if plan.calls or plan.feeds or wanted is not None:  # most runs ask nothing
+        if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
             fed, fetches, fetching = _requests(batch, plan, wanted, length)
         if self._placement is not None:
             fed = self._placement.place_batch(fed)
@@ -142,10 +142,10 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
 
 
 def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None,
-              length: int) -> tuple[Any, _fetches.FetchPlan, list[int]]:
+              length: int) -> tuple[Any, _fetches.FetchPlan, tuple[int, ...]]:
     """The batch with the plan's feeds merged in, the run's fetch plan (the caller's
     first, then each fetching call's), and the indices of those calls in the plan."""
-    fetching = [i for i, call in enumerate(plan.calls) if call.fetches is not None]
+    fetching = plan.fetching
     fed = _with_feeds(batch, plan.feeds, length) if plan.feeds else batch
     fetches = NOTHING_FETCHED
     if fetching or wanted is not None:

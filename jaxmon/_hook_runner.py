@@ -16,7 +16,7 @@ from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
-from jaxmon._schedule import schedule_of, steps_to
+from jaxmon._schedule import schedule_of
 from jaxmon._triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
@@ -40,18 +40,43 @@ class RunPlan(NamedTuple):
       calls: the hooks whose `after_run` follows this run.
       feeds: `(hook, feeds)` of the hooks that feed the batch.
       readers: the hooks that read their accumulators after this run.
+      now, late, fetching: the indices in `calls` of those called after this run, of
+        those called one run later, and of those that fetch.
     """
 
     ctx: RunContext | None
     calls: tuple[Call, ...] = ()
     feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()
-    readers: tuple[Hook, ...] = ()  # the hooks that read their accumulators after this run
+    readers: tuple[Hook, ...] = ()
+    now: tuple[int, ...] = ()
+    late: tuple[int, ...] = ()
+    fetching: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, ctx: RunContext | None, calls: tuple[Call, ...],
+           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()) -> RunPlan:
+        """The plan of `calls`, its readers and indices derived (`HookRunner.before_run`
+        builds them as it goes)."""
+        return cls(ctx, calls, feeds, tuple(call.hook for call in calls if call.read),
+                   tuple(i for i, call in enumerate(calls) if not call.late),
+                   tuple(i for i, call in enumerate(calls) if call.late),
+                   tuple(i for i, call in enumerate(calls) if call.fetches is not None))
 
 
 #: The plan of a run that every hook sleeps through: no event is called.
 QUIET = RunPlan(None)
 #: A hook's trigger when it must be called on the next run (asked again then).
 _NOW = Trigger(step=0)
+
+
+class _Nothing:
+    """The results of a run in which no call fetched anything: None for every call."""
+
+    def __getitem__(self, i: int) -> None:
+        return None
+
+
+_NONE = _Nothing()
 
 
 class RunResult(NamedTuple):
@@ -78,8 +103,9 @@ class HookRunner:
 
     def __init__(self, hooks: Iterable[Hook] | None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
-        # (hook, has a before_run, has an after_run, its schedule): a run calls no event that does nothing on it.
-        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook))
+        # (hook, has a before_run, has an after_run, its schedule, its plain `Call`): a run calls no event that
+        # does nothing on it.
+        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook))
                        for hook in self.hooks]
         self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
         # Runs that end before this step, while every clock is before its time, call no hook.
@@ -150,16 +176,18 @@ class HookRunner:
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
         trigger is the one it last gave (its state changes only in its own events)."""
-        for i, (_, _, _, schedule) in enumerate(self._calls):
+        for i, (_, _, _, schedule, _) in enumerate(self._calls):
             if schedule.cut is None:
                 continue
             trigger = self._wake[i]
             if schedule.next is None or trigger.step <= step:
                 steps = schedule.cut(step)
+            elif trigger.exact and trigger.step != math.inf:
+                steps = int(trigger.step) - step
             else:
-                steps = steps_to(trigger, step)
-            if steps is not None:
-                limit = min(limit, steps)
+                continue
+            if steps is not None and steps < limit:
+                limit = steps
         return limit
 
     def next_event(self) -> tuple[float, float]:
@@ -181,33 +209,39 @@ class HookRunner:
             else:
                 return QUIET
         ctx = RunContext(step, session, RunArgs(fetches, batch), steps=length)
-        calls, feeds = [], []
-        for i, (hook, before, after, schedule) in enumerate(self._calls):
-            if schedule.next is not None:
+        calls, feeds, readers, now, late, fetching = [], [], [], [], [], []
+        for i, (hook, before, after, schedule, plain) in enumerate(self._calls):
+            if schedule.next is not None:  # (`Trigger.reached`, inline: this runs for every hook)
                 trigger = self._wake[i]
-                if trigger.reached(next_step):
-                    trigger = self._wake[i] = schedule.next(step) or _NOW
-                if not trigger.reached(next_step):
+                if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
                     continue  # nothing to do before its next trigger
-            if not before:
-                if after:
-                    calls.append(Call(hook))
-                continue
-            try:
-                args = hook.before_run(ctx)
-                if args is not None:
-                    args = _check_run_args(args, hook)
-            except Exception as error:
-                self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
-                continue
+                trigger = self._wake[i] = schedule.next(step) or _NOW
+                if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
+                    continue
+            args = None
+            if before:
+                try:
+                    args = hook.before_run(ctx)
+                    if args is not None:
+                        args = _check_run_args(args, hook)
+                except Exception as error:
+                    self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
+                    continue
             if args is None:
                 if after:
-                    calls.append(Call(hook))
+                    now.append(len(calls))
+                    calls.append(plain)
                 continue
-            calls.append(Call(hook, args.late, normalize(args.fetches, hook), args.read))
+            (late if args.late else now).append(len(calls))
+            if args.fetches is not None:
+                fetching.append(len(calls))
+            calls.append(Call(hook, args.late, None if args.fetches is None else normalize(args.fetches, hook),
+                              args.read))
             if args.feeds:
                 feeds.append((hook, args.feeds))
-        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(call.hook for call in calls if call.read))
+            if args.read:
+                readers.append(hook)
+        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(readers), tuple(now), tuple(late), tuple(fetching))
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
@@ -224,13 +258,11 @@ class HookRunner:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
-        results = result.results or (None,) * len(plan.calls)
-        late = [i for i, call in enumerate(plan.calls) if call.late]
-        if late:
-            self._late.append((plan, result.outputs, step, read, late, results))
-        now = [i for i, call in enumerate(plan.calls) if not call.late]
-        caller = result.caller
-        if caller is not None or any(results[i] is not None for i in now):
+        results = result.results or _NONE
+        if plan.late:
+            self._late.append((plan, result.outputs, step, read, results))
+        caller, now = result.caller, plan.now
+        if caller is not None or (results is not _NONE and any(results[i] is not None for i in now)):
             caller, host = to_host((caller, [results[i] for i in now]))
             results = dict(zip(now, host, strict=True))
         if now:
@@ -242,15 +274,16 @@ class HookRunner:
         """After a run's events: until which step (and time) every hook sleeps, so that
         the runs before it are quiet."""
         quiet, deadlines = math.inf, []
-        for i, (_, before, after, schedule) in enumerate(self._calls):
+        for i, (_, before, after, schedule, _) in enumerate(self._calls):
             if schedule.next is None:
                 if before or after:
                     quiet = 0
                 continue
             trigger = self._wake[i]
-            if trigger.reached(step + 1):
+            if step + 1 >= trigger.step or (trigger.clock is not None and trigger.clock() >= trigger.time):
                 trigger = self._wake[i] = schedule.next(step) or _NOW
-            quiet = min(quiet, trigger.step)
+            if trigger.step < quiet:
+                quiet = trigger.step
             if trigger.clock is not None and trigger.time != math.inf:
                 deadlines.append((trigger.clock, trigger.time))
         self._quiet_step, self._deadlines = quiet, deadlines
@@ -258,14 +291,13 @@ class HookRunner:
     def deliver_late(self) -> None:
         """Calls the `after_run` of every run whose hooks asked for late delivery."""
         while self._late:
-            plan, outputs, step, read, late, results = self._late.popleft()
-            values = [results[i] for i in late]
-            if any(value is not None for value in values):
-                values = to_host(values)
-            self._call_after_run(plan, late, dict(zip(late, values, strict=True)), outputs, step, read)
+            plan, outputs, step, read, results = self._late.popleft()
+            if results is not _NONE:
+                results = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True))
+            self._call_after_run(plan, plan.late, results, outputs, step, read)
 
-    def _call_after_run(self, plan: RunPlan, indices: list[int], results: Mapping[int, Any], outputs: Any,
-                        step: int, read: Any) -> None:
+    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | _Nothing,
+                        outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
         plain = RunValues(None, step, outputs)
         outer = self._open()

@@ -41,8 +41,8 @@ BATCH = {"x": np.float32(1.0)}
 
 def plan(*calls, feeds=()):
     """A plan of `(hook, fetches)` calls and `(hook, feeds)` feeds."""
-    return RunPlan(ctx=None, calls=tuple(Call(hook, False, normalize(fetches, hook), False) for hook, fetches in calls),
-                   feeds=tuple(feeds))
+    return RunPlan.of(None, tuple(Call(hook, False, normalize(fetches, hook), False) for hook, fetches in calls),
+                      tuple(feeds))
 
 
 def new_dispatch(**kwargs):

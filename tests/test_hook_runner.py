@@ -530,7 +530,7 @@ def test_after_read_goes_to_each_hook_under_its_policy(caplog):
 
 
 def test_a_plan_is_an_immutable_tuple_of_calls():
-    plan = RunPlan(None, (Call(jm.Hook()),))
+    plan = RunPlan.of(None, (Call(jm.Hook()),))
     with pytest.raises(AttributeError):
         plan.calls = ()
     assert QUIET == RunPlan(None) and QUIET.calls == () and QUIET.feeds == ()
