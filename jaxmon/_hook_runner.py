@@ -201,14 +201,17 @@ class HookRunner:
         """Every awake hook's `before_run` for the run of `length` steps after `step`, as
         one plan; `QUIET` when every hook sleeps past it (see `Hook.next_trigger`) and
         nothing else (`wake`) needs them. `fetches` and `batch` are the caller's."""
-        next_step = step + length
-        if not wake and next_step < self._quiet_step:
+        if not wake and step + length < self._quiet_step:
             for clock, deadline in self._deadlines:
                 if clock() >= deadline:
                     break
             else:
                 return QUIET
-        ctx = RunContext(step, session, RunArgs(fetches, batch), steps=length)
+        return self._plan(RunContext(step, session, RunArgs(fetches, batch), steps=length))
+
+    def _plan(self, ctx: RunContext) -> RunPlan:
+        """The `before_run` of every hook awake for the run of `ctx`."""
+        step, next_step = ctx.step, ctx.step + ctx.steps
         calls, feeds, readers, now, late, fetching = [], [], [], [], [], []
         for i, (hook, before, after, schedule, plain) in enumerate(self._calls):
             if schedule.next is not None:  # (`Trigger.reached`, inline: this runs for every hook)

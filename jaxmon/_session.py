@@ -11,7 +11,6 @@ the whole path.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -143,22 +142,37 @@ class MonitoredSession:
             return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
         from_data = take = batch is None and self._batches.has_data
         try:
-            for attempt in itertools.count(1):
-                try:
-                    if take:
-                        batch, take = self._batches.next(self._step), False
-                    return self._run_once(batch, fetches, wanted)
-                except Exception as error:
-                    if not _errors.is_recoverable(error) or attempt > self._life.max_recoveries:
-                        raise
-                    logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
-                                   error, attempt, self._life.max_recoveries)
-                    self._life.create(self._created, recovering=error)
-                    # A batch in hand is past the restored data position: take the next one.
-                    take = take or (from_data and self._life.data_rewound)
+            try:
+                if take:
+                    batch, take = self._batches.next(self._step), False
+                return self._run_once(batch, fetches, wanted)
+            except Exception as error:
+                if isinstance(error, StopIteration) or not _errors.is_recoverable(error):
+                    raise
+                return self._recover(error, batch, take, from_data, fetches, wanted)
         except StopIteration:
             self._stopping.request()  # end of data: a clean stop
             raise
+
+    def _recover(self, error: Exception, batch: Any, take: bool, from_data: bool, fetches: Any,
+                 wanted: dict | None) -> Any:
+        """Re-creates the state after a recoverable `error` and runs again, up to
+        `max_recoveries` times; `take`: the run's batch is still to be taken from data."""
+        for attempt in range(1, self._life.max_recoveries + 1):
+            logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
+                           error, attempt, self._life.max_recoveries)
+            self._life.create(self._created, recovering=error)
+            # A batch in hand is past the restored data position: take the next one.
+            take = take or (from_data and self._life.data_rewound)
+            try:
+                if take:
+                    batch, take = self._batches.next(self._step), False
+                return self._run_once(batch, fetches, wanted)
+            except Exception as raised:
+                if isinstance(raised, StopIteration) or not _errors.is_recoverable(raised):
+                    raise
+                error = raised
+        raise error
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
@@ -200,15 +214,13 @@ class MonitoredSession:
         self._accumulators.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
-        """`fetches` (as `RunArgs.fetches`) on the current state and the last run's batch and outputs, as
-        host NumPy, without a step or hooks (TF's `FinalOpsHook`). Callables are jitted once per set;
-        before the first run, batch and outputs are None and empty."""
+        """`fetches` (as `RunArgs.fetches`) on the state and the last run's batch and outputs, as host
+        NumPy, without a step or hooks (TF's `FinalOpsHook`); callables are jitted once per set."""
         return self._dispatch.fetch(self._state, fetches)
 
     def snapshot(self) -> Snapshot | None:
-        """What a checkpoint of the current step holds, or None (logged) when it must not
-        be saved. It syncs first (a NaN check passes on the state); with several JAX
-        processes all save or none does."""
+        """What a checkpoint of the current step holds (after `sync()`), or None (logged) when it must not
+        be saved; with several JAX processes all save or none does."""
         return self._life.snapshot(self._state, self._step, sync=self.sync, peers=self._agreed)
 
     def after_hooks(self, fn: Callable[[], Any]) -> None:
@@ -216,18 +228,15 @@ class MonitoredSession:
         self._runner.later(fn)
 
     def resume_info(self) -> dict[str, Any]:
-        """What a checkpoint stores beside the state (JSON): the step, the data position
-        (from `get_state()`), every hook's `get_state()`, the config, the versions."""
+        """What a checkpoint stores beside the state (JSON): step, data position, hook states, config."""
         return self._life.resume_info(self._step)
 
     def agree_all(self, flag: bool) -> bool:
-        """Whether `flag` holds on every JAX process of the run: `flag` itself with one
-        process, one small all-gather with several (all call it at the same point)."""
+        """Whether `flag` holds on every JAX process (one small all-gather; all call it at one point)."""
         return bool(flag) if self._agreed is None else self._agreed.all(flag)
 
     def reject_state(self, reason: str) -> None:
-        """Marks the current state, and every later one until a recovery re-creates
-        it, as not fit to save (a `NanHook` that stops cleanly calls it)."""
+        """Marks the current state, and every later one until a recovery, as not fit to save."""
         self._life.reject(reason)
 
     @property
@@ -244,8 +253,7 @@ class MonitoredSession:
         return self._stopping.should_stop() or self._closed
 
     def request_stop(self) -> None:
-        """Asks the loop to stop; `should_stop()` is True from now on (several JAX processes: from the
-        next agreement point on, where all stop; see `agree_every_n_steps`)."""
+        """Asks the loop to stop (several JAX processes: all stop at the next agreement point)."""
         self._stopping.request()
 
     @property
