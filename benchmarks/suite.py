@@ -57,18 +57,21 @@ PEERS = {  # variant: (environment under --peers-dir, worker script)
 }
 
 
+def make_session(init_fn, step_fn, batch, logdir: str, training: bool, k: int = 1, stop: bool = True):
+    """A session over `itertools.repeat(batch)`: with `training`, `MonitoredTrainingSession`'s
+    default hooks (checkpoints every 600 s) + LoggingHook and NanHook (+ StopAtStepHook if `stop`)."""
+    kwargs = {"data": itertools.repeat(batch), "steps_per_dispatch": k}
+    if not training:
+        return jm.MonitoredSession(step_fn, init_fn, **kwargs)
+    hooks = [jm.StopAtStepHook(last_step=10**9)] if stop else []
+    hooks += [jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss")]
+    return jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tempfile.mkdtemp(dir=logdir),
+                                       save_checkpoint_secs=600, hooks=hooks, **kwargs)
+
+
 def session_variant(init_fn, step_fn, batch, logdir: str, training: bool, k: int = 1):
     def make():
-        kwargs = {"data": itertools.repeat(batch), "steps_per_dispatch": k}
-        if training:
-            sess = jm.MonitoredTrainingSession(
-                step_fn, init_fn, checkpoint_dir=tempfile.mkdtemp(dir=logdir), save_checkpoint_secs=600,
-                hooks=[jm.StopAtStepHook(last_step=10**9), jm.LoggingHook(["loss"], every_n_iter=100),
-                       jm.NanHook("loss")], **kwargs)
-        else:
-            sess = jm.MonitoredSession(step_fn, init_fn, **kwargs)
-
-        return session_runner(sess)
+        return session_runner(make_session(init_fn, step_fn, batch, logdir, training, k))
 
     return make
 

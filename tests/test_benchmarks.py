@@ -69,3 +69,13 @@ def test_memory_child_reports_the_state_and_the_live_arrays():
     assert figures["live_mb"] >= figures["state_mb"]
     assert figures["peak_mb"] >= figures["baseline_mb"] + figures["state_mb"]
     assert figures["loop_mb"] == figures["peak_mb"] - figures["baseline_mb"]
+
+
+def test_host_cost_times_the_main_thread_of_every_variant():
+    result = run("host_cost.py", "--steps", "200", "--warmup", "50", "--rounds", "1")
+    report = json.loads(result.stdout)
+    variants = ["bare_jit", "session_no_hooks", "mts_default_k1", "mts_default_k32"]
+    assert sorted(report["median_us_per_step"]) == sorted(variants)
+    assert all(report["median_us_per_run"][name] > 0 for name in variants)
+    assert report["steps_per_run"]["mts_default_k1"] == 1.0 and report["steps_per_run"]["mts_default_k32"] > 1.0
+    assert report["excess_over_bare_us_per_step"]["bare_jit"] == 0.0
