@@ -124,16 +124,45 @@ class Plain:
     """The same batches without a position."""
 
     def __init__(self, count=float("inf")):
-        self.i, self.count = 0, count
+        self._batches = Counter(count)
+
+    @property
+    def i(self):
+        return self._batches.i
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.i >= self.count:
-            raise StopIteration
-        self.i += 1
-        return {"x": np.float32(self.i)}
+        return next(self._batches)
+
+
+class RunCounter(jm.Hook):
+    """Counts the runs it has seen; the count is its checkpointed state."""
+
+    def __init__(self):
+        self.count = 0
+
+    def after_run(self, ctx, values):
+        self.count += 1
+
+    def get_state(self):
+        return {"count": self.count}
+
+    def set_state(self, state):
+        self.count = state["count"]
+
+
+def step_times(step, state, batch, times=3):
+    """Seconds of each of `times` calls of the jitted `step(state, batch)`, each waited for
+    (compiled first, untimed)."""
+    jax.block_until_ready(step(state, batch))
+    seconds = []
+    for _ in range(times):
+        start = time.perf_counter()
+        jax.block_until_ready(step(state, batch))
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 class FakeClock:

@@ -4,7 +4,7 @@ N, whatever the hook order: the save waits until every hook has seen its step.""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import forever, zero
+from helpers import RunCounter, forever, zero
 
 import jaxmon as jm
 from jaxmon._checkpoint import complete_steps
@@ -13,22 +13,6 @@ from jaxmon._checkpoint import complete_steps
 def count_step(state, batch):
     n = state + 1
     return n, {"loss": 1.0 / n.astype(jnp.float32)}
-
-
-class Counter(jm.Hook):
-    """Counts the runs it has seen; the count is its checkpointed state."""
-
-    def __init__(self):
-        self.count = 0
-
-    def after_run(self, ctx, values):
-        self.count += 1
-
-    def get_state(self):
-        return {"count": self.count}
-
-    def set_state(self, state):
-        self.count = state["count"]
 
 
 def train(directory, hooks, last_step, **kwargs):
@@ -41,16 +25,16 @@ def train(directory, hooks, last_step, **kwargs):
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_a_hook_after_the_saver_restores_the_count_of_the_checkpoints_own_step(tmp_path, k):
-    saver, counter = jm.CheckpointSaverHook(tmp_path, save_steps=8), Counter()
+    saver, counter = jm.CheckpointSaverHook(tmp_path, save_steps=8), RunCounter()
     train(tmp_path, [saver, counter], last_step=20, steps_per_dispatch=k)
     assert complete_steps(tmp_path) == [0, 8, 16, 20]
     runs = {0: 0, 8: 8, 16: 16, 20: 20} if k == 1 else {0: 0, 8: 2, 16: 4, 20: 5}  # runs of 4 steps
     for step, count in runs.items():
         [(key, state)] = [(key, s) for key, s in jm.restore_checkpoint(tmp_path, step=step).meta["hooks"].items()
-                          if key.startswith("Counter")]
+                          if key.startswith("RunCounter")]
         assert state == {"count": count}, (step, key)
     # A resumed run takes the count back at the step it restores, as if it had not stopped.
-    resumed = Counter()
+    resumed = RunCounter()
     sess = jm.MonitoredSession(count_step, zero, data=forever(), checkpoint_dir=tmp_path,
                                hooks=[jm.CheckpointSaverHook(tmp_path, save_steps=8), resumed])
     assert sess.step == 20 and resumed.count == runs[20]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import forever, slow_matmuls
+from helpers import forever, slow_matmuls, step_times
 
 import jaxmon as jm
 from jaxmon._checkpoint import complete_steps as saved_steps
@@ -244,12 +244,7 @@ def test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_wai
     one = jax.jit(slow_step)
     state = jnp.eye(SIZE, dtype=jnp.float32) * 0.5
     batch = {"x": np.float32(1.0)}
-    jax.block_until_ready(one(state, batch))
-    one_step = []
-    for _ in range(3):
-        start = time.perf_counter()
-        jax.block_until_ready(one(state, batch))
-        one_step.append(time.perf_counter() - start)
+    one_step = step_times(one, state, batch)
 
     data = iter(lambda: batch, None)
     with jm.MonitoredTrainingSession(slow_step, lambda: jnp.eye(SIZE, dtype=jnp.float32) * 0.5, data=data,

@@ -40,6 +40,7 @@ WORKER = textwrap.dedent('''
     heartbeat = {"heartbeat_timeout_seconds": int(sys.argv[5])} if len(sys.argv) > 5 else {}
     jm.distributed.initialize(address, num_processes=2, process_id=pid, initialization_timeout=60, **heartbeat)
     import jax, jax.numpy as jnp, numpy as np, optax
+    from helpers import RunCounter, step_times  # tests/ is on PYTHONPATH
 
     assert jax.process_count() == 2 and jax.device_count() == 2
     tx = optax.sgd(0.1)
@@ -98,16 +99,6 @@ WORKER = textwrap.dedent('''
         def after_run(self, ctx, values):
             if values.step == self.fail_step:
                 raise ValueError(f"local check on process {pid} failed at step {values.step}")
-
-    class Count(jm.Hook):  # placed after the saver: its state in checkpoint N must be N
-        def __init__(self):
-            self.count = 0
-        def after_run(self, ctx, values):
-            self.count += 1
-        def get_state(self):
-            return {"count": self.count}
-        def set_state(self, state):
-            self.count = state["count"]
 
     class Progress(jm.Hook):
         def after_run(self, ctx, values):
@@ -206,12 +197,7 @@ WORKER = textwrap.dedent('''
         one = jax.jit(slow_step)
         state = jax.device_put(np.eye(size, dtype=np.float32) * 0.5, NamedSharding(mesh, P()))
         batch = {"x": jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local["x"])}
-        jax.block_until_ready(one(state, batch))
-        one_step = []
-        for _ in range(3):
-            start = time.perf_counter()
-            jax.block_until_ready(one(state, batch))
-            one_step.append(time.perf_counter() - start)
+        one_step = step_times(one, state, batch)
         with jm.MonitoredTrainingSession(
                 slow_step, lambda: jnp.eye(size, dtype=jnp.float32) * 0.5, data=iter(lambda: local, None),
                 mesh=mesh, checkpoint_dir=os.path.join(workdir, "slow"), agree_every_n_steps=16,
@@ -259,7 +245,8 @@ WORKER = textwrap.dedent('''
             # Process 1 reaches the trigger a varying time into each step: its own clock
             # would fire at other steps than the chief's.
             jitter = [Sleep(np.random.default_rng(7).uniform(0, 0.05, 1000))] if pid == 1 else []
-            train("train", batches(), hooks=[*jitter, periodic, Count()],
+            # RunCounter comes after the saver: its state in checkpoint N must be N.
+            train("train", batches(), hooks=[*jitter, periodic, RunCounter()],
                   chief_only_hooks=[StopAt(30), Sleep(0.03)], extra={"fired": fired})
         elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
             train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
@@ -293,7 +280,8 @@ class Workers:
         self.processes = [
             subprocess.Popen([sys.executable, str(script), str(i), address, str(self.workdir), ",".join(scenarios),
                               *extra_args],
-                             env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             env={**cpu_env(), "PYTHONPATH": str(Path(__file__).parent)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
             for i in range(2)]
         self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(2)]
         for reader in self.readers:
@@ -410,7 +398,7 @@ def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     # Each checkpoint holds the state of a hook after the saver as of its own step.
     from jaxmon._checkpoint import read_meta
 
-    counts = {step: [v for k, v in read_meta(run / str(step))["hooks"].items() if k.startswith("Count")]
+    counts = {step: [v for k, v in read_meta(run / str(step))["hooks"].items() if k.startswith("RunCounter")]
               for step in steps}
     assert counts == {step: [{"count": step}] for step in steps}, counts
     np.testing.assert_array_equal(np.asarray(restored.state["params"]["w"]), np.asarray(p0["w"], np.float32))
