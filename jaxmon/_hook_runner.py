@@ -214,7 +214,7 @@ class HookRunner:
         step, next_step = ctx.step, ctx.step + ctx.steps
         calls, feeds, readers, now, late, fetching = [], [], [], [], [], []
         for i, (hook, before, after, schedule, plain) in enumerate(self._calls):
-            if schedule.next is not None:  # (`Trigger.reached`, inline: this runs for every hook)
+            if schedule.next is not None:  # asleep: before its trigger's step and time
                 trigger = self._wake[i]
                 if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
                     continue  # nothing to do before its next trigger

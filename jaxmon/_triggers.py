@@ -33,10 +33,6 @@ class Trigger(NamedTuple):
     clock: Callable[[], float] | None = None
     exact: bool = True
 
-    def reached(self, next_step: int) -> bool:
-        """Whether a run that ends at `next_step` must call the hook."""
-        return next_step >= self.step or (self.clock is not None and self.clock() >= self.time)
-
 
 class SecondOrStepTimer:
     """Says when a periodic action is due, by steps or by seconds (TF semantics).
