@@ -40,7 +40,7 @@ def schedule_of(hook: Hook) -> Schedule:
         return Schedule(None, None)
     warnings.warn(f"{type(hook).__name__} schedules itself with {sorted(legacy)}, which are deprecated: define "
                   "next_trigger(step) -> jm.Trigger | None instead (a timer's is timer.next_trigger(step)).",
-                  DeprecationWarning, stacklevel=3)
+                  DeprecationWarning, stacklevel=5)  # the session's construction
     cut = getattr(hook, "steps_to_next_trigger", None)
     if cut is None:
         cut = lambda step: _timer(hook) and _timer(hook).steps_to_next_trigger(step)  # noqa: E731

@@ -359,8 +359,11 @@ class Sleepy(jm.Hook):
 
 
 def test_a_hook_idle_between_triggers_is_called_only_on_runs_that_reach_one():
+    """A hook written against the deprecated `idle_between_triggers` and `timer` still sleeps."""
     sleepy = Sleepy(every=10)
-    sess = jm.MonitoredSession(counting_step, fresh, hooks=[sleepy])
+    with pytest.warns(DeprecationWarning, match="Sleepy schedules itself with") as warned:
+        sess = jm.MonitoredSession(counting_step, fresh, hooks=[sleepy])
+    assert warned[0].filename == __file__  # it names the line that built the session
     for _ in range(30):
         sess.run({})
     sess.close()
