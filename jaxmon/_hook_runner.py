@@ -16,7 +16,7 @@ from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
-from jaxmon._schedule import schedule_of
+from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
@@ -180,12 +180,7 @@ class HookRunner:
             if schedule.cut is None:
                 continue
             trigger = self._wake[i]
-            if schedule.next is None or trigger.step <= step:
-                steps = schedule.cut(step)
-            elif trigger.exact and trigger.step != math.inf:
-                steps = int(trigger.step) - step
-            else:
-                continue
+            steps = schedule.cut(step) if schedule.next is None or trigger.step <= step else steps_to(trigger, step)
             if steps is not None and steps < limit:
                 limit = steps
         return limit

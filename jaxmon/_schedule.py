@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 from jaxmon._hook import Hook
@@ -41,9 +42,7 @@ def schedule_of(hook: Hook) -> Schedule:
     warnings.warn(f"{type(hook).__name__} schedules itself with {sorted(legacy)}, which are deprecated: define "
                   "next_trigger(step) -> jm.Trigger | None instead (a timer's is timer.next_trigger(step)).",
                   DeprecationWarning, stacklevel=5)  # the session's construction
-    cut = getattr(hook, "steps_to_next_trigger", None)
-    if cut is None:
-        cut = lambda step: _timer(hook) and _timer(hook).steps_to_next_trigger(step)  # noqa: E731
+    cut = getattr(hook, "steps_to_next_trigger", None) or partial(_timer_steps, hook)
     sleeps = getattr(hook, "idle_between_triggers", False) and _trusted(hook, _defining_class(
         hook, "idle_between_triggers"))
     return Schedule(_legacy_next(hook, cut) if sleeps else None, cut)
@@ -68,6 +67,12 @@ def _legacy_next(hook: Any, cut: Callable[[int], int | None]) -> Callable[[int],
         return None if timer is None or timer.every_steps else timer.next_trigger(step)
 
     return next_trigger
+
+
+def _timer_steps(hook: Any, step: int) -> int | None:
+    """Steps from `step` to the next step-based trigger of the hook's timer, if it has one."""
+    timer = _timer(hook)
+    return None if timer is None else timer.steps_to_next_trigger(step)
 
 
 def _timer(hook: Any) -> SecondOrStepTimer | None:
