@@ -231,18 +231,13 @@ class Accumulators:
         self.carry, self._last_read = None, None
         self._since = {id(hook): step for hook in self._hooks}
 
-    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
-                sharding: Any) -> jax.Array:
-        """Builds the carry of the first run after `start` (the run after `step`)."""
-        self._prepare(step_fn, state, batch, length, step, sharding)
-        return self.carry
-
     def advance(self, carry: jax.Array) -> None:
         """Keeps the carry a run returned."""
         self.carry = carry
 
-    def _prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
-                 sharding: Any) -> None:
+    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
+                sharding: Any) -> jax.Array:
+        """Builds the carry of the first run after `start` (the run after `step`)."""
         if self._layout is None:
             one = one_step(batch, length)
 
@@ -260,6 +255,7 @@ class Accumulators:
         else:
             self.carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
         self._sharding = sharding
+        return self.carry
 
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
         """One step's update (traced): the new carry, and the state to keep."""
