@@ -27,6 +27,11 @@ class EarlyStoppingHook(Hook):
     training step's outputs (`fetch` an output name or a callable), checked every
     `every_n_steps` steps (default 100) or `every_n_secs` seconds.
 
+    The stop is part of the hook's checkpointed state: a session resumed from the
+    checkpoint of a stopped run stops before its first step, as a run past its
+    `StopAtStepHook` does. A larger `patience` than the checks already waited trains on
+    (the count goes on); so does a new `checkpoint_dir`.
+
     Args:
       fetch: the metric: a name of the source's metrics or of the step's outputs, or
         a callable `fn(state, batch, outputs)`.
@@ -83,13 +88,30 @@ class EarlyStoppingHook(Hook):
     def get_state(self) -> dict[str, Any]:
         timer = {} if self.timer is None else {"timer": self.timer.get_state()}
         return {**timer, "best": self.best, "best_step": self.best_step,
-                "waited": self._waited, "seen": self._seen}
+                "waited": self._waited, "seen": self._seen, "stopped_step": self.stopped_step}
 
     def set_state(self, state: dict[str, Any]) -> None:
         if self.timer is not None and "timer" in state:
             self.timer.set_state(state["timer"])
         self.best, self.best_step, self._waited, self._seen = (state["best"], state["best_step"], state["waited"],
                                                                state["seen"])
+        self.stopped_step = state.get("stopped_step")  # None in checkpoints written before it was kept
+
+    def after_create_session(self, session) -> None:
+        if self.stopped_step is None:
+            return
+        if self._waited < max(self.patience, 1):  # a larger patience: the run goes on waiting
+            logger.info("EarlyStoppingHook: the restored run stopped early at step %d after %d checks without "
+                        "improvement; patience=%d allows more, so training goes on.", self.stopped_step,
+                        self._waited, self.patience)
+            self.stopped_step = None
+            return
+        logger.info("EarlyStoppingHook: this run stopped early at step %d (%r had not improved by more than %g for "
+                    "%d checks; best %s at step %s), so the session stops before its first step. To train further, "
+                    "give patience > %d (the count goes on), drop the EarlyStoppingHook, or start in a new "
+                    "checkpoint_dir.", self.stopped_step, self.fetch, self.min_delta, self._waited, self.best,
+                    self.best_step, self._waited)
+        session.request_stop()
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if self.timer is None or not self.timer.due(ctx.next_step):
