@@ -51,6 +51,8 @@ class BatchSource:
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
+        self._kind = type(data).__name__  # a resume without a position names it, once
+        self._told_no_position = False
         #: Whether runs take their batches from `data` (else each run is given one).
         self.has_data = self._data is not None
         self._owned = data is not None and self._data is not data
@@ -175,6 +177,14 @@ class BatchSource:
                                "the data restarts from where it is.", step)
         elif not recovering and hasattr(self._data, "get_state"):
             logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.", step)
+        elif not recovering and self._data is not None and not self._told_no_position:
+            self._told_no_position = True
+            logger.warning("Resumed from checkpoint %d, but this session's data (a %s) has no get_state(), so no "
+                           "checkpoint holds its position: the run takes batches from where the data is now (its "
+                           "first batch, for data made afresh), not from where the checkpoint's run left it. Give "
+                           "data with get_state()/set_state(): jm.ArrayDataSource, a grain dataset, or "
+                           "jm.ResumableIterator(...) around a list, a loader or a function that returns a fresh "
+                           "iterator.", step, self._kind)
         return False
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 import jax.numpy as jnp
-from helpers import zero
+import numpy as np
+from helpers import Counter, count_step, zero
 
 import jaxmon as jm
 from jaxmon._checkpoint import complete_steps
@@ -67,3 +68,41 @@ def test_a_larger_patience_trains_on_from_an_early_stop_counting_on(tmp_path, ca
     assert sess.step == 6 and stop.stopped_step == 6  # two more checks: four without improvement in all
     assert complete_steps(tmp_path) == [0, 4, 6]
     assert "patience=4 allows more, so training goes on" in caplog.text
+
+
+# -- data without a position warns once on a resume ------------------------------------------
+
+
+def batches():
+    for i in range(100):
+        yield {"x": np.float32(i)}
+
+
+def train_twice(directory, make_data, caplog):
+    """Trains to step 3 on `make_data()`, then resumes on a fresh `make_data()` to step 5;
+    returns the jaxmon warnings of each session."""
+    warned = []
+    for last_step in (3, 5):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxmon"):
+            hooks = [jm.CheckpointSaverHook(directory, save_steps=100), jm.StopAtStepHook(last_step=last_step)]
+            with jm.MonitoredSession(count_step, zero, data=make_data(), hooks=hooks) as sess:
+                run_loop(sess)
+        assert sess.step == last_step
+        warned.append([r.getMessage() for r in caplog.records if r.name == "jaxmon" and r.levelno >= logging.WARNING])
+    return warned
+
+
+def test_a_resume_on_a_generator_warns_once_naming_it_and_the_fix(tmp_path, caplog):
+    fresh, resumed = train_twice(tmp_path, batches, caplog)
+    assert fresh == []  # nothing to resume: nothing to say
+    assert len(resumed) == 1
+    assert "Resumed from checkpoint 3" in resumed[0] and "(a generator) has no get_state()" in resumed[0]
+    assert "jm.ArrayDataSource" in resumed[0] and "jm.ResumableIterator" in resumed[0]
+
+
+def test_a_resume_on_a_list_warns_too_and_on_data_with_a_position_not(tmp_path, caplog):
+    _, resumed = train_twice(tmp_path / "list", lambda: [{"x": np.float32(i)} for i in range(10)], caplog)
+    assert len(resumed) == 1 and "(a list) has no get_state()" in resumed[0]
+    assert train_twice(tmp_path / "counter", Counter, caplog) == [[], []]
+    assert jm.restore_checkpoint(tmp_path / "counter").meta["data"] == {"i": 5}
