@@ -98,6 +98,14 @@ class SummaryWriterCache:
         entry[0].close()
 
     @classmethod
+    def flush(cls) -> None:
+        """Flushes every cached writer."""
+        with cls._lock:
+            writers = [writer for writer, _ in cls._writers.values()]
+        for writer in writers:
+            writer.flush()
+
+    @classmethod
     def clear(cls) -> None:
         """Closes every cached writer (open handles stop writing)."""
         with cls._lock:

@@ -1,4 +1,4 @@
-"""TensorBoardWriter: TensorBoard event files, written through tensorboardX's protos."""
+"""TensorBoardWriter: TensorBoard event files of tensorboardX's protos."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon._writers.events import EventFile, cut_after, event_files, open_paths
 from jaxmon._writers.hparams import flat_hparams
 
 _FILE_NUMBERS = itertools.count()
 
 
 class TensorBoardWriter:
-    """Writes TensorBoard event files into `logdir` (tensorboardX's protos and record
-    writer, written in the calling thread: no queue, no background thread).
+    """Writes TensorBoard event files into `logdir` (tensorboardX's protos, written in
+    the calling thread: no queue, no background thread).
 
     All values of one call go into one event. Images are HW, HWC or NHWC arrays, floats
     in [0, 1] or uint8. Hyper-parameters go to the HParams dashboard and, as a markdown
@@ -31,18 +32,19 @@ class TensorBoardWriter:
     """
 
     def __init__(self, logdir: str | os.PathLike):
-        from tensorboardX.event_file_writer import EventsWriter
-
         self.logdir = os.fspath(logdir)
         os.makedirs(self.logdir, exist_ok=True)
         # A unique suffix: two writers opened in one second must not share a file name.
-        self._events = EventsWriter(os.path.join(self.logdir, "events"), f".{os.getpid()}.{next(_FILE_NUMBERS)}")
+        self._events = EventFile(self.logdir, f".{os.getpid()}.{next(_FILE_NUMBERS)}")
+        self._clean_after: int | None = None  # the files hold no event after this step (the marker aside)
 
     def _write(self, step: int, values: Sequence[Any]) -> None:
         from tensorboardX.proto import event_pb2, summary_pb2
 
         summary = summary_pb2.Summary(value=values)
-        self._events.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self._events.write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        if self._clean_after is not None and step > self._clean_after:
+            self._clean_after = None
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
@@ -79,15 +81,32 @@ class TensorBoardWriter:
         self.write_texts(0, {"hparams": table})
 
     def restart(self, step: int) -> None:
-        """A run resumed at `step`: TF's `SessionLog.START`, so that TensorBoard drops what
-        an earlier run wrote after `step` (its orphaned points). TensorBoard drops the
-        points at and after the marker's step: `step + 1`, the first step run again."""
+        """A run resumed at `step`: drops every event after `step` (scalars, text,
+        histograms, images, session logs) from the event files in `logdir`, this
+        writer's own included, leaving out the files of the other writers open in this
+        process; then writes TF's `SessionLog.START` at `step + 1`, the first step run
+        again (a TensorBoard already reading the files drops its points from there).
+
+        The other event files of `logdir` are taken to be earlier runs' (one run writes
+        a directory at a time): their events after `step` are the orphans of a run
+        killed after checkpoint `step`. A last record a kill cut short is dropped too.
+        """
         from tensorboardX.proto import event_pb2
 
+        if step == self._clean_after:
+            return  # one writer shared by several hooks: each hook restarts it
+        self._events.flush()
+        mine = os.path.realpath(self._events.path)
+        others = open_paths() - {mine}  # being written now
+        for path in map(os.path.realpath, event_files(self.logdir)):
+            if path not in others and cut_after(path, step) and path == mine:
+                self._events.reopen()  # the file at its path was replaced
         start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-        self._events.write_event(event_pb2.Event(wall_time=time.time(), step=step + 1, session_log=start))
+        self._events.write(event_pb2.Event(wall_time=time.time(), step=step + 1, session_log=start))
+        self._clean_after = step
 
     def flush(self) -> None:
+        """Hands the events written so far to the operating system (no fsync)."""
         self._events.flush()
 
     def close(self) -> None:
@@ -95,7 +114,6 @@ class TensorBoardWriter:
 
     def __repr__(self) -> str:
         return f"TensorBoardWriter({self.logdir!r})"
-
 
 
 def _image(tag: str, image: Any) -> np.ndarray:
