@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 _DESCRIPTION = """\
 Train, inspect and plot jaxmon runs.
@@ -293,10 +293,7 @@ def run_info(workdir: str) -> dict[str, Any]:
 
 def _plot(args: argparse.Namespace) -> int:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = _pyplot()
     except ImportError:
         print("jaxmon plot needs matplotlib: pip install 'jaxmon[plot]' (or pip install matplotlib).",
               file=sys.stderr)
@@ -308,14 +305,7 @@ def _plot(args: argparse.Namespace) -> int:
             print(f"jaxmon plot: no metrics.jsonl in {workdir!r}; summaries of a run go there "
                   "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
             return 2
-        series: dict[str, tuple[list[int], list[float]]] = {}
-        for record in _records(path):
-            for tag, value in record.items():
-                if tag in ("step", "wall_time") or not _is_number(value):
-                    continue
-                steps, values = series.setdefault(tag, ([], []))
-                steps.append(record["step"])
-                values.append(value)
+        series = read_series(path)
         if args.tags:
             missing = sorted(set(args.tags) - set(series))
             if missing:
@@ -327,32 +317,8 @@ def _plot(args: argparse.Namespace) -> int:
             print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
             return 2
         runs[_run_label(workdir, runs)] = series
-    # One panel per metric: "eval/loss" shares the axes of "loss" when the run has both.
-    panels: dict[str, list[tuple[str, str]]] = {}
-    for label, series in runs.items():
-        for tag in sorted(series):
-            _, _, rest = tag.partition("/")
-            panels.setdefault(rest if rest in series else tag, []).append((label, tag))
     tags = sorted({tag for series in runs.values() for tag in series})
-    columns = min(3, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    colors = {label: f"C{i % 10}" for i, label in enumerate(runs)}
-    for ax, (panel, lines) in zip(axes.flat, sorted(panels.items()), strict=False):
-        for label, tag in lines:
-            steps, values = runs[label][tag]
-            name = tag if len(runs) == 1 else f"{label}: {tag}"
-            ax.plot(steps, values, marker="." if len(steps) < 50 else None, color=colors[label],
-                    linestyle="-" if tag == panel else "--", label=name)
-        ax.set_title(panel)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if len(lines) > 1:
-            ax.legend(fontsize=7)
-    figure.suptitle(", ".join(os.path.abspath(workdir) for workdir in args.workdirs), fontsize=9)
-    figure.tight_layout()
+    figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in args.workdirs))
     out = args.out or os.path.join(args.workdirs[0] if len(args.workdirs) == 1 else ".", "metrics.png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=100)
@@ -360,6 +326,93 @@ def _plot(args: argparse.Namespace) -> int:
     shown = f"{len(runs)} runs, " if len(runs) > 1 else ""
     print(f"wrote {out} ({shown}{len(tags)} scalars: {', '.join(tags)})")
     return 0
+
+
+def read_series(path: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for record in _records(path):
+        for tag, value in record.items():
+            if tag not in ("step", "wall_time") and _is_number(value):
+                steps, values = series.setdefault(tag, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+    return series
+
+
+class Line(NamedTuple):
+    """One curve of a panel: `eval` marks an evaluation's values (dashed, with markers)."""
+
+    label: str
+    steps: list[int]
+    values: list[float]
+    color: str
+    eval: bool
+
+
+class Panel(NamedTuple):
+    """One metric's axes: its train and eval curves, on a "linear" or "log" `yscale`."""
+
+    title: str
+    yscale: str
+    lines: tuple[Line, ...]
+
+
+def plot_plan(runs: Mapping[str, Mapping[str, tuple[list[int], list[float]]]]) -> list[Panel]:
+    """What `jaxmon plot` draws of `runs` (`{label: {tag: (steps, values)}}`): one panel per
+    metric, sorted, its eval values ("eval/loss", or any "PREFIX/loss" beside "loss") on
+    the axes of its train values; a log y axis where the positive values span more than
+    two decades. Eval curves are dashed, with markers; one run's train is blue and its eval
+    orange, several runs take a colour each."""
+    grouped: dict[str, list[Line]] = {}
+    for i, (label, series) in enumerate(runs.items()):
+        evals = {tag: tag.partition("/")[2] in series or tag.startswith("eval/") for tag in series}
+        for tag in sorted(series, key=lambda tag: (evals[tag], tag)):  # train first, eval drawn over it
+            rest, is_eval = tag.partition("/")[2], evals[tag]
+            paired = rest in series
+            color = ("C1" if is_eval else "C0") if len(runs) == 1 else f"C{i % 10}"
+            name = tag if len(runs) == 1 else f"{label}: {tag}"
+            grouped.setdefault(rest if paired else tag, []).append(Line(name, *series[tag], color, is_eval))
+    return [Panel(title, _yscale(lines), tuple(lines)) for title, lines in sorted(grouped.items())]
+
+
+def _yscale(lines: list[Line]) -> str:
+    values = [v for line in lines for v in line.values if math.isfinite(v)]
+    return "log" if values and min(values) > 0 and max(values) > 100 * min(values) else "linear"
+
+
+def draw(panels: list[Panel], title: str) -> Any:
+    """The matplotlib figure of `panels` (see `plot_plan`), three panels a row."""
+    plt = _pyplot()
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for line in panel.lines:
+            marker = "o" if line.eval else "." if len(line.steps) < 50 else None
+            ax.plot(line.steps, line.values, color=line.color, marker=marker, markersize=4 if line.eval else 6,
+                    linestyle="--" if line.eval else "-", label=line.label)
+        ax.set_yscale(panel.yscale)
+        ax.set_title(panel.title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both" if panel.yscale == "log" else "major")
+        if len(panel.lines) > 1 or panel.lines[0].eval:
+            ax.legend(fontsize=7)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:

@@ -8,10 +8,18 @@ import logging
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import Counter, count_step, zero
 
 import jaxmon as jm
+from jaxmon import _cli
 from jaxmon._checkpoint import complete_steps
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+import matplotlib.image  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 
 # The loss after each step: it improves up to step 2 and never again.
 LOSSES = jnp.asarray([9.0, 5.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0], jnp.float32)
@@ -106,3 +114,55 @@ def test_a_resume_on_a_list_warns_too_and_on_data_with_a_position_not(tmp_path, 
     assert len(resumed) == 1 and "(a list) has no get_state()" in resumed[0]
     assert train_twice(tmp_path / "counter", Counter, caplog) == [[], []]
     assert jm.restore_checkpoint(tmp_path / "counter").meta["data"] == {"i": 5}
+
+
+# -- jaxmon plot: log axes where a metric spans decades, eval told from train -----------------
+
+
+def decaying_step(state, batch):
+    state = state + 1
+    loss = 10.0 ** (-state / 4.0)  # five decades over 20 steps
+    return state, {"loss": loss, "accuracy": 1.0 - loss / 2}
+
+
+def eval_loss(state, batch):
+    return {"loss": 2 * 10.0 ** (-state / 4.0)}
+
+
+@pytest.fixture(scope="module")
+def plotted_run(tmp_path_factory):
+    """A real run's metrics.jsonl: loss and accuracy every step, eval/loss every 5 steps."""
+    workdir = tmp_path_factory.mktemp("plotted")
+    hooks = [jm.EvalHook(eval_loss, [{}], every_n_steps=5, output_dir=workdir), jm.StopAtStepHook(last_step=20)]
+    with jm.MonitoredTrainingSession(decaying_step, zero, checkpoint_dir=workdir, hooks=hooks, save_summaries_steps=1,
+                                     log_step_count_steps=0) as sess:
+        run_loop(sess)
+    return workdir
+
+
+def test_plot_draws_a_loss_spanning_decades_on_a_log_axis_and_eval_in_its_own_colour(plotted_run, tmp_path):
+    series = _cli.read_series(str(plotted_run / "metrics.jsonl"))
+    assert series["eval/loss"][0] == [5, 10, 15, 20] and len(series["loss"][0]) == 20
+    panels = _cli.plot_plan({"run": series})
+    assert [(p.title, p.yscale) for p in panels] == [("accuracy", "linear"), ("loss", "log")]
+    figure = _cli.draw(panels, "run")
+    loss = next(ax for ax in figure.axes if ax.get_title() == "loss")
+    assert loss.get_yscale() == "log"
+    train, evaluated = loss.get_lines()
+    assert (train.get_label(), evaluated.get_label()) == ("loss", "eval/loss")
+    assert to_hex(train.get_color()) != to_hex(evaluated.get_color())
+    assert (evaluated.get_marker(), evaluated.get_linestyle()) == ("o", "--") and train.get_linestyle() == "-"
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["loss", "eval/loss"]
+    plt.close(figure)
+
+    out = tmp_path / "curves.png"
+    assert _cli.main(["plot", str(plotted_run), "--out", str(out)]) == 0
+    assert matplotlib.image.imread(out).shape[:2] == (320, 900)  # two panels of one row, at 100 dpi
+
+
+def test_plot_keeps_one_colour_per_run_with_several_runs(plotted_run):
+    series = _cli.read_series(str(plotted_run / "metrics.jsonl"))
+    loss = {p.title: p for p in _cli.plot_plan({"a": series, "b": series})}["loss"]
+    assert [(line.label, line.color, line.eval) for line in loss.lines] == [
+        ("a: loss", "C0", False), ("a: eval/loss", "C0", True), ("b: loss", "C1", False), ("b: eval/loss", "C1", True)]
+
