@@ -67,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "(default: DIR/compilation_cache, or JAX_COMPILATION_CACHE_DIR if set)")
     cache.add_argument("--no_compilation_cache", action="store_true", help="compile everything at every start")
     inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
-                                  description="List a run's checkpoints (step, size, time), its latest "
-                                              "metrics and the config it was trained with.")
+                                  description="List a run's checkpoints (step, size, time; with a saver's "
+                                              "keep_best, each one's best_metric and the best marked), its "
+                                              "latest metrics and the config it was trained with.")
     inspect.add_argument("workdir", metavar="DIR")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     plot = commands.add_parser("plot", help="PNG curves of runs' scalar summaries (needs matplotlib)",
@@ -245,7 +246,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if info["checkpoints"]:
         print(f"checkpoints ({len(info['checkpoints'])}):")
         for item in info["checkpoints"]:
-            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}")
+            best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
+            mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
+            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}{best}{mark}")
     else:
         print("checkpoints: none")
     if info["metrics"]:
@@ -265,8 +268,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def run_info(workdir: str) -> dict[str, Any]:
-    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time), the
-    latest value of each scalar in metrics.jsonl, and the latest checkpoint's config."""
+    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time; with
+    `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
+    each scalar in metrics.jsonl, and the latest checkpoint's config."""
     from jaxmon._checkpoint import complete_steps, read_meta
 
     if not os.path.isdir(workdir):
@@ -279,7 +283,8 @@ def run_info(workdir: str) -> dict[str, Any]:
         meta = read_meta(path) or {}
         when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
             timespec="seconds")
-        checkpoints.append({"step": step, "bytes": _du(path), "time": when})
+        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path)})
+    _rank_best(checkpoints)
     metrics: dict[str, tuple[int, float]] = {}
     for record in _records(os.path.join(workdir, "metrics.jsonl")):
         for tag, value in record.items():
@@ -289,6 +294,27 @@ def run_info(workdir: str) -> dict[str, Any]:
     if checkpoints:
         config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
     return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config}
+
+
+def _best_metric(path: str) -> dict[str, Any]:
+    """A checkpoint's `best_metric` and its `best_mode`, as Orbax's CheckpointManager keeps them
+    (`STEP/metrics/metrics`, JSON `{"best": value, "mode": "min" or "max"}`); None if absent."""
+    try:
+        with open(os.path.join(path, "metrics", "metrics")) as file:
+            metrics = json.load(file)
+    except (OSError, ValueError):
+        metrics = None
+    value = metrics.get("best") if isinstance(metrics, dict) else None
+    mode = metrics.get("mode") if _is_number(value) else None
+    return {"best_metric": value if _is_number(value) else None, "best_mode": mode, "best_rank": None}
+
+
+def _rank_best(checkpoints: list[dict[str, Any]]) -> None:
+    """Sets each ranked checkpoint's `best_rank`: 1 for the best (ties share a rank)."""
+    ranked = [c for c in checkpoints if c["best_metric"] is not None and c["best_mode"] in ("min", "max")]
+    for item in ranked:
+        sign = 1 if item["best_mode"] == "min" else -1
+        item["best_rank"] = 1 + sum(sign * c["best_metric"] < sign * item["best_metric"] for c in ranked)
 
 
 def _plot(args: argparse.Namespace) -> int:
