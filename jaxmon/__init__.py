@@ -18,7 +18,7 @@ from jaxmon._hook import (
     SessionRunValues,
 )
 from jaxmon._loaders import ResumableIterator
-from jaxmon._metrics import FirstNonFinite, Mean, Reduction
+from jaxmon._reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
 from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
 from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
@@ -67,6 +67,7 @@ __all__ = [
     "Hook",
     "Image",
     "JsonlWriter",
+    "Last",
     "LoggingHook",
     "LoggingTensorHook",
     "Mean",
@@ -81,6 +82,7 @@ __all__ = [
     "PeriodicHook",
     "ProfilerHook",
     "ProgressBarHook",
+    "Ratio",
     "Reduction",
     "Restored",
     "RunArgs",
@@ -93,6 +95,7 @@ __all__ = [
     "SessionRunValues",
     "StepCounterHook",
     "StopAtStepHook",
+    "Sum",
     "SummarySaverHook",
     "SummaryWriter",
     "SummaryWriterCache",

@@ -4,6 +4,7 @@ host only at a trigger (see `Hook.accumulators`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,131 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._batches import one_step
-from jaxmon._fetches import normalize, paths
 from jaxmon._host import to_host
+from jaxmon._reductions import Reduction
 
-
-def check_reduce(owner: str, reduce: object) -> str:
-    """`reduce` if it is "mean" or "last", else a `ValueError` naming `owner`."""
-    if reduce not in ("mean", "last"):
-        raise ValueError(f"{owner} reduce must be 'mean' (the mean since the last write, the default) or 'last' "
-                         f"(the value at the write step, as TF); got {reduce!r}.")
-    return reduce
-
-
-class Reduction:
-    """A reduction over one value per step, computed on the device (see
-    `Hook.accumulators`). Subclasses give `init`, `update` and `result`; everything in
-    `update` runs inside the compiled step, so it uses `jnp` only (no `lax.cond`, no
-    host callback: either makes a GPU wait for the host).
-
-    Args:
-      fetch: the value of each step: an output name, a list of output names (their
-        scalar ones), None (every scalar output), or a callable
-        `fn(state, batch, outputs) -> pytree` on the step's new state.
-    """
-
-    def __init__(self, fetch: Any = None):
-        if fetch is not None and not callable(fetch):
-            names = [fetch] if isinstance(fetch, str) else fetch
-            normalize(list(names), f"{type(self).__name__} fetch")
-            fetch = fetch if isinstance(fetch, str) else tuple(names)
-        self.fetch = fetch
-
-    def value(self, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
-        """This step's value: the fetch, evaluated in the step (traced)."""
-        if callable(self.fetch):
-            return self.fetch(state, batch, outputs)
-        flat = paths(outputs)  # a nested output by its path
-        if isinstance(self.fetch, str):
-            if self.fetch not in flat:
-                raise ValueError(f"{self!r} reduces {self.fetch!r}, which is not an output of the step function; "
-                                 f"its outputs are {sorted(flat)}. Name one of those, or pass a callable "
-                                 "fn(state, batch, outputs).")
-            return flat[self.fetch]
-        names = flat if self.fetch is None else [name for name in self.fetch if name in flat]
-        return {name: flat[name] for name in names if jnp.ndim(flat[name]) == 0}
-
-    def init(self, value: Any) -> Any:
-        """The accumulator before the first step: a pytree of int32 or float32 NumPy
-        arrays, given the value's shapes and dtypes (`jax.ShapeDtypeStruct`s)."""
-        raise NotImplementedError
-
-    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
-        """The accumulator after a step (traced); `step` is the step number after it."""
-        raise NotImplementedError
-
-    def result(self, acc: Any, steps: int) -> Any:
-        """What the hook gets from the host copy of `acc`, `steps` steps after a restart."""
-        raise NotImplementedError
-
-    def accept(self, acc: Any) -> jax.Array | None:
-        """Whether the step's new state is kept (traced, after `update`); None: always."""
-        return None
-
-    #: Whether a read by the owning hook starts the accumulator afresh (a window), or
-    #: it keeps accumulating for the whole session (a sticky flag).
-    restarts: bool = True
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.fetch!r})"
-
-
-class Mean(Reduction):
-    """The mean over the steps since the last read, leaf by leaf (a sum in float32)."""
-
-    def init(self, value: Any) -> Any:
-        return jax.tree.map(lambda leaf: np.zeros(leaf.shape, np.float32), value)
-
-    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
-        return jax.tree.map(lambda total, x: total + jnp.asarray(x, jnp.float32), acc, value)
-
-    def result(self, acc: Any, steps: int) -> Any:
-        return jax.tree.map(lambda total: total / max(steps, 1), acc)
-
-
-class FirstNonFinite(Reduction):
-    """The first step whose value has a NaN or an infinity, and that value (or, for an
-    array, how many of its entries are not finite); sticky for the whole session.
-
-    Args:
-      fetch: as `Reduction`.
-      max_skips: 0 keeps every update; n > 0 keeps the state of the step before a
-        non-finite value instead (with `jnp.where`, on the device), up to n
-        consecutive steps: the (n + 1)-th is then the reported step.
-    """
-
-    def __init__(self, fetch: Any = "loss", max_skips: int = 0):
-        super().__init__(fetch)
-        self.max_skips = max_skips
-        self.size = 1
-
-    restarts = False
-
-    def init(self, value: Any) -> Any:
-        self.size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(value))
-        return {"step": np.array(-1, np.int32), "value": np.array(0, np.float32), "run": np.array(0, np.int32),
-                "skipped": np.array(0, np.int32)}
-
-    def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
-        leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(value)]
-        bad_count = sum(jnp.sum(~jnp.isfinite(leaf)).astype(jnp.int32) for leaf in leaves)
-        bad = bad_count > 0
-        shown = leaves[0].reshape(-1)[0].astype(jnp.float32) if self.size == 1 else bad_count.astype(jnp.float32)
-        run = jnp.where(bad, acc["run"] + 1, 0)
-        fails = bad & (run > self.max_skips) & (acc["step"] < 0)
-        return {"step": jnp.where(fails, step, acc["step"]), "value": jnp.where(fails, shown, acc["value"]),
-                "run": run, "skipped": acc["skipped"] + (bad & ~fails & (acc["step"] < 0)).astype(jnp.int32)}
-
-    def accept(self, acc: Any) -> jax.Array | None:
-        if not self.max_skips:
-            return None
-        return (acc["run"] == 0) | (acc["step"] >= 0)
-
-    def result(self, acc: Any, steps: int) -> Any:
-        step = int(acc["step"])
-        value = float(acc["value"]) if self.size == 1 else f"{int(acc['value'])} of {self.size} entries non-finite"
-        return {"step": None if step < 0 else step, "value": value, "skipped": int(acc["skipped"])}
+logger = logging.getLogger("jaxmon")
 
 
 class _Layout:
@@ -224,12 +104,43 @@ class Accumulators:
         self.carry: jax.Array | None = None
         self._since: dict[int, int] = {}
         self._last_read: Read | None = None
+        self._saved: np.ndarray | None = None
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
 
-    def start(self, step: int) -> None:
-        """A state was created or restored at `step`: every accumulator starts afresh."""
-        self.carry, self._last_read = None, None
+    def start(self, step: int, saved: Mapping[str, Any] | None = None) -> None:
+        """A state was created or restored at `step`: every accumulator starts afresh,
+        or from `saved` (what `get_state` gave for that step's checkpoint)."""
+        self.carry, self._last_read, self._saved = None, None, None
         self._since = {id(hook): step for hook in self._hooks}
+        if saved and saved.get("entries") == self._signature():
+            self._saved = np.asarray(saved["carry"], np.int32)
+            self._since = {id(hook): since for hook, since in zip(self._hooks, saved["since"], strict=True)}
+        elif saved:
+            logger.warning("The checkpoint of step %d holds the windows of other reductions (%s); the hooks' "
+                           "windows start afresh at step %d.", step, ", ".join(saved.get("entries", ())), step)
+
+    def get_state(self, step: int) -> dict[str, Any] | None:
+        """The open windows after the run that ended at `step` (JSON, for its
+        checkpoint): the carry as the next run starts from it, and where each hook's
+        window began; None when nothing accumulates."""
+        if not self.active:
+            return None
+        if self.carry is None:
+            host = self._saved
+        else:
+            self.read_now(step)
+            read = self._last_read
+            host = np.where(read.mask, self._fresh(), read.host_carry) if read.mask is not None else read.host_carry
+        if host is None:
+            return None
+        return {"entries": self._signature(), "carry": host.tolist(),
+                "since": [self._since[id(hook)] for hook in self._hooks]}
+
+    def _signature(self) -> list[str]:
+        return [f"{type(hook).__name__}.{name}={reduction!r}" for hook, name, reduction in self._entries]
+
+    def _fresh(self) -> np.ndarray:
+        return self._layout.pack_host([np.array(0, np.int32), *self._inits])
 
     def advance(self, carry: jax.Array) -> None:
         """Keeps the carry a run returned."""
@@ -250,6 +161,9 @@ class Accumulators:
                                                                                       strict=True)]
             self._layout = _Layout([np.array(0, np.int32), *self._inits])
         host = self._layout.pack_host([np.array(step, np.int32), *self._inits])
+        if self._saved is not None and self._saved.shape == host.shape:
+            host = self._saved.copy()
+            host[0] = step
         if sharding is None:
             self.carry = jax.device_put(host)
         else:
@@ -283,14 +197,15 @@ class Accumulators:
 
     def _read(self, step: int, readers: Sequence[Any]) -> Read:
         carry = self.carry
-        read = self._last_read = Read(self, step, carry,
-                                      {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
                    if reduction.restarts and any(hook is r for r in readers)]
+        mask = self._layout.restart_mask(indices) if indices else None
+        read = self._last_read = Read(self, step, carry, mask,
+                                      {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         for hook in readers:
             self._since[id(hook)] = step
         if indices:
-            self.carry = self._restarted(carry, self._layout.restart_mask(indices))
+            self.carry = self._restarted(carry, mask)
         return read
 
     def read_now(self, step: int) -> None:
@@ -304,7 +219,7 @@ class Accumulators:
     def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
         restart = self._restart.get(mask.tobytes())
         if restart is None:
-            fresh = self._layout.pack_host([np.array(0, np.int32), *self._inits])
+            fresh = self._fresh()
 
             def restart(carry):
                 return jnp.where(mask, fresh, carry)
@@ -333,14 +248,18 @@ class Read:
     """One read of the accumulators: the copy to the host starts at once, and the values
     are delivered (every hook's `after_read`) the first time they are needed."""
 
-    def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, steps: dict[int, int]):
+    def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, mask: np.ndarray | None,
+                 steps: dict[int, int]):
         self._accumulators, self.step, self.carry, self._steps = accumulators, step, carry, steps
+        #: The slots this read starts afresh (None: none), and the carry on the host once read.
+        self.mask, self.host_carry = mask, None
         self._values: dict[int, dict[str, Any]] | None = None
         (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
 
     def host(self) -> dict[int, dict[str, Any]]:
         if self._values is None:
-            self._values = self._accumulators.results(to_host(self.carry), self._steps)
+            self.host_carry = to_host(self.carry)
+            self._values = self._accumulators.results(self.host_carry, self._steps)
             self.carry = None
             self._accumulators.deliver(self.step, self._values)
         return self._values

@@ -105,7 +105,8 @@ class MonitoredSession:
                                     put=placement and placement.place_batch)
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
-                               hooks=self.hooks, batches=self._batches, max_recoveries=max_recoveries)
+                               hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
+                               max_recoveries=max_recoveries)
         self._state, self._step, self._closed = None, initial_step, False
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
@@ -194,7 +195,7 @@ class MonitoredSession:
         """A state was built or restored: keep it, then tell every hook."""
         self._state, self._step = state, step
         self._dispatch.keep_on_mesh(state)
-        self._accumulators.start(step)
+        self._accumulators.start(step, self._life.windows)
         self._runner.after_create_session(self)
 
     @property

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxmon import _checkpoint, _errors, _sharding
+from jaxmon import _checkpoint, _errors, _sharding, _writers
 from jaxmon._batches import BatchSource
 from jaxmon._hook import Hook, Saver
+from jaxmon._metrics import Accumulators
 from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
@@ -44,13 +45,14 @@ class StateLife:
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       hooks: the session's hooks, whose states checkpoints keep.
       batches: the session's data, whose position checkpoints keep.
+      accumulators: the hooks' reductions, whose open windows checkpoints keep.
       max_recoveries: how many recoverable errors a creation retries.
     """
 
     def __init__(self, init_fn: Callable[[], Any] | None, state: Any, *, placement: _sharding.Placement | None,
                  checkpoint_dir: str | os.PathLike | None, warm_start: Any, initial_step: int,
                  config: Mapping[str, Any] | None,
-                 hooks: tuple[Hook, ...], batches: BatchSource, max_recoveries: int):
+                 hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int):
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:
@@ -63,7 +65,7 @@ class StateLife:
         self._warm_start = warm_start
         self._initial_step = initial_step
         self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
-        self._hooks, self._batches = hooks, batches
+        self._hooks, self._batches, self._accumulators = hooks, batches, accumulators
         self.max_recoveries = max_recoveries
         #: The step of the checkpoint the session was created from (None: a fresh start).
         self.restored_step: int | None = None
@@ -72,6 +74,8 @@ class StateLife:
         self.rejected: str | None = None
         #: True when the last creation set the data back to a checkpoint's position.
         self.data_rewound = False
+        #: The hooks' open windows in the checkpoint restored last (None: start afresh).
+        self.windows: dict[str, Any] | None = None
 
     def create(self, ready: Callable[[Any, int], None], recovering: BaseException | None = None) -> None:
         """Restores the latest checkpoint or builds a fresh state and passes it to
@@ -97,7 +101,7 @@ class StateLife:
 
     def _restore_or_init(self, recovering: BaseException | None) -> tuple[Any, int]:
         restored = self._restore(recovering)
-        self.rejected, self.data_rewound = None, False
+        self.rejected, self.data_rewound, self.windows = None, False, None
         if restored is not None:
             state, step = self._resume(restored, recovering), restored.step
         else:
@@ -126,7 +130,7 @@ class StateLife:
         """Takes a restored checkpoint's data position and (at creation, not in a
         recovery, where hooks keep their own state as in TF) hook states; returns its
         state."""
-        self.restored_step = restored.step
+        self.restored_step, self.windows = restored.step, restored.meta.get("windows")
         self.data_rewound = self._batches.restore(_data_position(restored.meta, restored.step), restored.step,
                                                   recovering is not None)
         if recovering is None:
@@ -146,7 +150,8 @@ class StateLife:
     def snapshot(self, state: Any, step: int, *, sync: Callable[[], None], peers: Any = None) -> Snapshot | None:
         """What a checkpoint of `state` at `step` holds, or None (logged) when it must
         not be saved. `sync()` delivers the late hooks first (a NaN check may reject
-        the state). With several processes (`peers`, the session's `AgreedRuns`), every
+        the state), and every summary writer is flushed: the records of every step up
+        to `step` are on disk before the checkpoint is. With several processes (`peers`, the session's `AgreedRuns`), every
         process saves or none does, a late hook's error is raised once every process
         knows, and the checkpoint keeps every process's data position (each reads its
         own shard) as `data_by_process`."""
@@ -165,6 +170,7 @@ class StateLife:
         info = self.resume_info(step)
         if peers is not None:
             info["data_by_process"] = peers.gather(info["data"])
+        _writers.flush_all()  # once the checkpoint is complete, every record of its steps is on disk
         return Snapshot(step, state, info)
 
     def resume_info(self, step: int) -> dict[str, Any]:
@@ -179,6 +185,7 @@ class StateLife:
             "step": step,
             "data": self._batches.position(),
             "hooks": hooks,
+            "windows": self._accumulators.get_state(step),
             "config": self._config,
         }
         return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._metrics import Accumulators, FirstNonFinite, Mean, Reduction, _Layout, check_reduce
+from jaxmon._metrics import Accumulators, _Layout
+from jaxmon._reductions import FirstNonFinite, Mean, Reduction, check_reduce
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
 
@@ -71,13 +72,15 @@ def test_the_restart_mask_covers_exactly_the_slots_of_the_trees_named():
 
 def test_mean_is_the_mean_of_every_step_leaf_by_leaf():
     mean = Mean()
-    acc = mean.init({"a": SCALAR, "b": jax.ShapeDtypeStruct((2,), jnp.int32)})
-    assert acc["a"].dtype == np.float32 and acc["b"].shape == (2,)
-    for i, value in enumerate([1.0, 2.0, 6.0]):
-        acc = mean.update(acc, {"a": jnp.float32(value), "b": jnp.array([i, 2 * i])}, jnp.int32(i + 1))
+    value = {"a": SCALAR, "b": jax.ShapeDtypeStruct((2,), jnp.int32)}
+    acc = mean.init({"value": value, "weight": SCALAR})
+    assert acc["total"]["a"].dtype == np.float32 and acc["total"]["b"].shape == (2,)
+    for i, x in enumerate([1.0, 2.0, 6.0]):
+        acc = mean.update(acc, {"value": {"a": jnp.float32(x), "b": jnp.array([i, 2 * i])}, "weight": 1.0},
+                          jnp.int32(i + 1))
     result = mean.result(jax.device_get(acc), 3)
     assert float(result["a"]) == 3.0 and result["b"].tolist() == [1.0, 2.0]
-    assert mean.result({"a": np.float32(5.0)}, 0) == {"a": 5.0}  # no steps yet: the sum as it is
+    assert np.isnan(mean.result(mean.init({"value": {"a": SCALAR}, "weight": SCALAR}), 0)["a"])  # no steps yet
     assert Mean.restarts and not FirstNonFinite.restarts
 
 
@@ -160,15 +163,18 @@ class Setup:
         self.acc.start(0)
         self.acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
 
-    def put(self, step, a_sum, b_sum, nan_step=-1):
-        host = self.acc._layout.pack_host([np.array(step, np.int32), np.float32(a_sum), np.float32(b_sum),
+    def put(self, step, a, b, nan_step=-1):
+        """A carry at `step` whose means are `a` and `b`, each `(sum, weight)`."""
+        host = self.acc._layout.pack_host([np.array(step, np.int32),
+                                           {"total": np.float32(a[0]), "weight": np.float32(a[1])},
+                                           {"total": np.float32(b[0]), "weight": np.float32(b[1])},
                                            {"step": np.int32(nan_step), "value": np.float32(np.nan),
                                             "run": np.int32(0), "skipped": np.int32(1)}])
         self.acc.advance(jnp.asarray(host))
 
     def sums(self):
         _, a, b, nan = self.acc._layout.unpack_host(np.asarray(self.acc.carry))
-        return float(a), float(b), int(nan["step"])
+        return float(a["total"]), float(b["total"]), int(nan["step"])
 
 
 def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
@@ -181,14 +187,14 @@ def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
 
 def test_a_read_restarts_only_the_readers_restarting_accumulators():
     setup = Setup()
-    setup.put(5, a_sum=10.0, b_sum=20.0, nan_step=3)
+    setup.put(5, a=(10.0, 5), b=(20.0, 5), nan_step=3)
     assert setup.acc.read(5, []) is None  # no reader
     read = setup.acc.read(5, [setup.b])
     assert setup.sums() == (10.0, 0.0, 3)  # b's mean restarted; a's and the sticky flag kept
     assert read.values(setup.b) == {"m": 4.0, "nan": {"step": 3, "value": pytest.approx(np.nan, nan_ok=True),
                                                       "skipped": 1}}
     assert read.values(setup.a) == {"m": 2.0}  # a's mean so far, over 5 steps, not restarted
-    setup.put(8, a_sum=16.0, b_sum=6.0, nan_step=3)
+    setup.put(8, a=(16.0, 8), b=(6.0, 3), nan_step=3)
     read = setup.acc.read(8, [setup.a, setup.b])
     assert read.values(setup.a)["m"] == 2.0 and read.values(setup.b)["m"] == 2.0  # 16 / 8 and 6 / (8 - 5)
     assert setup.sums() == (0.0, 0.0, 3)
@@ -197,7 +203,7 @@ def test_a_read_restarts_only_the_readers_restarting_accumulators():
 
 def test_after_read_comes_once_per_read_with_every_hooks_values():
     setup = Setup()
-    setup.put(4, a_sum=4.0, b_sum=8.0)
+    setup.put(4, a=(4.0, 4), b=(8.0, 4))
     read = setup.acc.read(4, [setup.a])
     assert setup.delivered == []  # delivered when first needed
     read.values(setup.a)
@@ -208,7 +214,7 @@ def test_after_read_comes_once_per_read_with_every_hooks_values():
                                                                               "skipped": 1}})])]
     setup.acc.read_now(4)  # the read of this step is delivered already
     assert len(setup.delivered) == 1
-    setup.put(6, a_sum=2.0, b_sum=8.0)
+    setup.put(6, a=(2.0, 2), b=(8.0, 6))
     setup.acc.read_now(6)  # no read at 6: a new one, delivered now, restarting nobody
     assert [step for step, _ in setup.delivered] == [4, 6]
     assert dict(setup.delivered[1][1])["a"]["m"] == 1.0 and setup.sums()[:2] == (2.0, 8.0)
@@ -218,7 +224,7 @@ def test_after_read_comes_once_per_read_with_every_hooks_values():
 
 def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
     setup = Setup()
-    setup.put(3, a_sum=3.0, b_sum=3.0)
+    setup.put(3, a=(3.0, 3), b=(3.0, 3))
     setup.acc.read(3, [setup.b])
     setup.acc.read_now(3)
     assert [step for step, _ in setup.delivered] == [3]
@@ -227,7 +233,7 @@ def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
 
 def test_start_forgets_the_carry_and_counts_from_the_new_step():
     setup = Setup()
-    setup.put(4, a_sum=4.0, b_sum=4.0)
+    setup.put(4, a=(4.0, 4), b=(4.0, 4))
     setup.acc.start(10)
     assert setup.acc.read(12, [setup.a]) is None
     setup.acc.read_now(12)
