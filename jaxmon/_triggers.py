@@ -158,12 +158,83 @@ class SecondOrStepTimer:
         return f"SecondOrStepTimer(every_steps={self.every_steps})"
 
 
+class Every(SecondOrStepTimer):
+    """The schedule of the built-in hooks: every N steps acts after steps N, 2N, 3N, ...
+    counted from step 0, so a resumed or a restarted run keeps it; every N seconds acts
+    on the first run that ends N seconds after the last action (or the `start`), and
+    a checkpoint keeps how long it has waited. With `first`, also after step 1.
+
+    `jm.SecondOrStepTimer` keeps TF's rules (the first query is due; every N steps
+    counts from the last trigger) for code that uses it directly.
+
+    Example:
+      >>> timer = Every(every_steps=4, first=True)
+      >>> timer.start(0)
+      >>> [s for s in range(1, 13) if timer.due(s)]
+      [1, 4, 8, 12]
+    """
+
+    def __init__(self, every_secs: float | None = None, every_steps: int | None = None, *, first: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__(every_secs, every_steps, clock=clock)
+        self.first = first
+
+    def reset(self) -> None:
+        super().reset()
+        self._waited: float | None = None
+
+    def start(self, step: int) -> None:
+        """The session starts (or resumes) at `step`: seconds count from now, less how
+        long the timer had waited when its checkpoint was saved (`set_state`)."""
+        if self._last_time is None:
+            self._last_time = self._clock() - (self._waited or 0.0)
+            self._waited = None
+            if self._last_step is None:
+                self._last_step = step
+
+    def should_trigger_for_step(self, step: int) -> bool:
+        before = self._last_step or 0
+        if step <= before:
+            return False
+        if self.first and before < 1:
+            return True
+        if self.every_steps:
+            return step // self.every_steps > before // self.every_steps
+        return self._last_time is None or self._clock() >= self._last_time + self.every_secs
+
+    def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
+        first = 1 if self.first and step < 1 else math.inf
+        if self.every_steps:
+            return Trigger(min(first, (step // self.every_steps + 1) * self.every_steps), exact=exact)
+        if self._last_time is None:
+            return None
+        return Trigger(first, self._last_time + self.every_secs, self._clock, exact)
+
+    def get_state(self) -> dict[str, int | float | None]:
+        """The last action's step and, for seconds, how long ago it was."""
+        waited = self._waited
+        if self.every_secs is not None and self._last_time is not None:
+            waited = self._clock() - self._last_time
+        return {"last_step": self._last_step, "waited": waited}
+
+    def set_state(self, state: dict[str, int | float | None]) -> None:
+        """Resumes from `get_state()`; seconds go on counting at `start`."""
+        self._last_step, self._last_time, self._waited = state["last_step"], None, state.get("waited")
+
+    def __repr__(self) -> str:
+        every = f"every_secs={self.every_secs}" if self.every_secs is not None else f"every_steps={self.every_steps}"
+        return f"Every({every}{', first=True' if self.first else ''})"
+
+
 class NeverTriggerTimer(SecondOrStepTimer):
     """A timer that is never due (for hooks that act only at `end`)."""
 
     def __init__(self):
         self.every_secs = self.every_steps = None
         self.reset()
+
+    def start(self, step: int) -> None:
+        """Nothing to start (see `Every.start`)."""
 
     def should_trigger_for_step(self, step: int) -> bool:
         return False
@@ -183,7 +254,7 @@ class NeverTriggerTimer(SecondOrStepTimer):
 
 def timer_for(owner: str, clock: Callable[[], float], *, default_steps: int | None = None,
               at_end: bool | None = None, error: str | None = None, steps_error: str | None = None,
-              **every: float | int | None) -> SecondOrStepTimer:
+              first: bool = False, **every: float | int | None) -> Every:
     """A hook's timer from its two interval arguments: the one check of "every N steps
     or every N seconds" that every periodic hook makes.
 
@@ -200,19 +271,20 @@ def timer_for(owner: str, clock: Callable[[], float], *, default_steps: int | No
         default names `owner`, both arguments and their values.
       steps_error: the `ValueError` message when the step interval is not an int >= 1;
         the default names `owner` and the argument.
+      first: also act after step 1 (summaries and logging report the starting point).
       **every: the two interval arguments under the hook's own names, steps first and
         seconds second, e.g. `every_n_steps=100, every_n_secs=None`. A hook that
         offers only seconds passes None for steps.
 
     Returns:
-      A `SecondOrStepTimer`, or a `NeverTriggerTimer` for an at-end-only hook.
+      An `Every` schedule, or a `NeverTriggerTimer` for an at-end-only hook.
 
     Raises:
       ValueError: the intervals are not exactly one, or one is not a valid count.
 
     Example:
       >>> timer_for("MyHook", time.monotonic, every_n_steps=None, every_n_secs=30.0)
-      SecondOrStepTimer(every_secs=30.0)
+      Every(every_secs=30.0)
       >>> timer_for("MyHook", time.monotonic, at_end=True, every_n_steps=None, every_n_secs=None)
       NeverTriggerTimer()
     """
@@ -237,4 +309,4 @@ def timer_for(owner: str, clock: Callable[[], float], *, default_steps: int | No
             raise ValueError(steps_error) from None
     else:
         check_number(f"{owner} {secs_name}", secs)
-    return SecondOrStepTimer(every_secs=secs, every_steps=steps, clock=clock)
+    return Every(every_secs=secs, every_steps=steps, first=first, clock=clock)

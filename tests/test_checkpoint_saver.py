@@ -611,9 +611,11 @@ def test_a_session_restores_from_the_hooks_directory_by_default(tmp_path):
     hook = jm.CheckpointSaverHook(directory, save_steps=2, max_to_keep=None)
     sess = train([hook], last_step=7, init_fn=init_fn)
     assert len(concrete_calls) == 1
-    assert hook.saved_steps == [5, 7]  # the timer resumed from the saved step 3
-    assert complete_steps(directory) == [0, 2, 3, 5, 7]
-    assert [int(restore(directory, s).state) for s in (5, 7)] == [5, 7]
+    # resumed at step 3 (saved at the end of the first run): the schedule is counted from step 0, so 4 and 6,
+    # then 7 at the end
+    assert hook.saved_steps == [4, 6, 7]
+    assert complete_steps(directory) == [0, 2, 3, 4, 6, 7]
+    assert [int(restore(directory, s).state) for s in (4, 6, 7)] == [4, 6, 7]
 
 
 def test_preemption_saves_the_step_and_stops(tmp_path):

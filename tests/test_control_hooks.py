@@ -425,7 +425,7 @@ def test_waiter_validates_its_arguments(kwargs, error):
 # -- PeriodicHook ------------------------------------------------------------------------------
 
 
-def test_periodic_every_3_steps_calls_at_1_4_7_10():
+def test_periodic_every_3_steps_calls_after_steps_3_6_9():
     calls, sessions = [], []
 
     def fn(session):
@@ -436,10 +436,10 @@ def test_periodic_every_3_steps_calls_at_1_4_7_10():
     for _ in range(10):
         sess.run()
     sess.close()
-    assert calls == [1, 4, 7, 10] and all(s is sess for s in sessions)
+    assert calls == [3, 6, 9] and all(s is sess for s in sessions)  # after steps N, 2N, ...
 
 
-@pytest.mark.parametrize("runs, expected", [(10, [1, 4, 7, 10]), (11, [1, 4, 7, 10, 11])])
+@pytest.mark.parametrize("runs, expected", [(9, [3, 6, 9]), (10, [3, 6, 9, 10])])
 def test_periodic_at_end_calls_once_more_unless_the_last_step_was_just_called(runs, expected):
     calls = []
     sess = jm.MonitoredSession(count_step, zero, hooks=[
@@ -456,7 +456,7 @@ def test_periodic_without_at_end_does_not_call_at_end():
     for _ in range(11):
         sess.run()
     sess.close()
-    assert calls == [1, 4, 7, 10]
+    assert calls == [3, 6, 9]
 
 
 def test_periodic_every_n_secs_with_a_fake_clock():
@@ -467,7 +467,7 @@ def test_periodic_every_n_secs_with_a_fake_clock():
     for _ in range(10):
         fake.advance(1.0)
         sess.run()
-    assert calls == [1, 3, 5, 7, 9]
+    assert calls == [2, 4, 6, 8, 10]  # 2 s after the session's start, then after each call
 
 
 @pytest.mark.parametrize("args, kwargs, error", [
@@ -648,7 +648,7 @@ def test_early_stopping_improvements_smaller_than_min_delta_do_not_count():
 
 def test_early_stopping_on_a_train_output_every_2_steps():
     #        step: 0    1    2    3    4    5    6    7    8
-    table = jnp.asarray([9.0, 5.0, 0.0, 3.0, 0.0, 4.0, 0.0, 3.5, 0.0] + [0.0] * 20, jnp.float32)
+    table = jnp.asarray([9.0, 0.0, 5.0, 0.0, 3.0, 0.0, 4.0, 0.0, 3.5] + [0.0] * 20, jnp.float32)
 
     def step_fn(state, batch):
         state = state + 1
@@ -657,9 +657,9 @@ def test_early_stopping_on_a_train_output_every_2_steps():
     stop = jm.EarlyStoppingHook("loss", patience=2, every_n_steps=2)
     with jm.MonitoredSession(step_fn, zero, hooks=[stop, jm.StopAtStepHook(last_step=20)]) as sess:
         run_loop(sess)
-    # Checked at steps 1, 3, 5, 7: 5, 3 (best), 4, 3.5 -> two checks without improvement.
-    assert sess.step == 7 and stop.stopped_step == 7
-    assert stop.best == 3.0 and stop.best_step == 3
+    # Checked after steps 2, 4, 6, 8: 5, 3 (best), 4, 3.5 -> two checks without improvement.
+    assert sess.step == 8 and stop.stopped_step == 8
+    assert stop.best == 3.0 and stop.best_step == 4
     assert sess.compile_count == 1
 
 

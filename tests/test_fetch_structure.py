@@ -145,19 +145,20 @@ def test_a_nested_output_is_summarised_by_path_as_histograms_and_in_metrics_json
 
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"grads": jm.Histogram("grads")},
                                reduce=reduce)
-    with jm.MonitoredSession(nested_step, float_zero, hooks=[hook], data=[{}] * 3) as sess:
+    with jm.MonitoredSession(nested_step, float_zero, hooks=[hook], data=[{}] * 4) as sess:
         while not sess.should_stop():
             sess.run()
     events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0, "scalars": 0})
     events.Reload()
     assert sorted(events.Tags()["histograms"]) == ["grads/dense1/b", "grads/dense1/w", "grads/dense2/w"]
     dense2 = events.Histograms("grads/dense2/w")
-    assert [h.step for h in dense2] == [1, 3]
-    assert (dense2[-1].histogram_value.min, dense2[-1].histogram_value.max) == (0.0, 6.0)  # arange(3) * 3
+    assert [h.step for h in dense2] == [1, 2, 4]  # step 1, then every 2 steps
+    assert (dense2[-1].histogram_value.min, dense2[-1].histogram_value.max) == (0.0, 8.0)  # arange(3) * 4
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     written = {record["step"]: record for record in records}
-    # Every scalar output, a nested one by its path: at step 3 its value (last) or mean over steps 2 and 3.
+    # Every scalar output, a nested one by its path: at step 4 its value (last) or mean over steps 3 and 4.
     assert written[1]["grads/dense1/b"] == 1.0
-    assert written[3]["grads/dense1/b"] == (3.0 if reduce == "last" else 2.5)
-    assert written[3]["loss"] == pytest.approx(1 / 3 if reduce == "last" else (1 / 2 + 1 / 3) / 2)
-    assert [event.step for event in events.Scalars("grads/dense1/b")] == [1, 3]
+    assert written[2]["grads/dense1/b"] == 2.0  # a window of step 2 alone
+    assert written[4]["grads/dense1/b"] == (4.0 if reduce == "last" else 3.5)
+    assert written[4]["loss"] == pytest.approx(1 / 4 if reduce == "last" else (1 / 3 + 1 / 4) / 2)
+    assert [event.step for event in events.Scalars("grads/dense1/b")] == [1, 2, 4]

@@ -477,10 +477,11 @@ def test_a_subclass_of_a_built_in_hook_that_replaces_after_run_is_called_every_r
     runner = HookRunner([counting])
     plans = [run(runner, step) for step in range(12)]
     assert counting.steps == list(range(1, 13)) and QUIET not in plans
-    assert runner.run_limit(12, 32) == 9  # its trigger (11 + 10) still ends multi-step runs
+    assert runner.run_limit(12, 32) == 8  # its next trigger (20) still ends multi-step runs
     runner = HookRunner([plain])  # the built-in hook itself sleeps between its triggers
     plans = [run(runner, step) for step in range(12)]
-    assert [step + 1 for step, plan in enumerate(plans) if plan is not QUIET] == [1, 11]
+    # awake for its first run (which starts its clock), then asleep until its trigger at step 10
+    assert [step + 1 for step, plan in enumerate(plans) if plan is not QUIET] == [1, 10]
 
 
 # -- close -------------------------------------------------------------------------------------------

@@ -155,9 +155,12 @@ def test_own_state_survives_a_json_round_trip(name, tmp_path):
             sess.run()
     state = hook.get_state()
     assert state is None or json.loads(json.dumps(state)) == state
+    if name == "ProgressBarHook":  # a seconds timer: its state holds how long it had waited
+        assert isinstance(state["timer"]["waited"], float) and state["timer"]["waited"] >= 0.0
     fresh = CASES[name][0](str(tmp_path / "b"))
     fresh.begin()
     if state is not None:
         fresh.set_state(json.loads(json.dumps(state)))
+        # exactly, a seconds timer's "waited" too: it goes on counting only when a session starts
         assert fresh.get_state() == state
     fresh.close()

@@ -90,21 +90,32 @@ def test_at_end_only_logs_nothing_during_runs_and_the_values_at_end(logs):
 
 
 @pytest.mark.parametrize("at_end", [False, True])
-def test_every_n_iter_logs_iterations_0_10_20_30_and_a_second_session_repeats_it(logs, at_end):
+def test_every_n_iter_logs_steps_1_10_20_30_and_a_second_session_from_step_0_repeats_it(logs, at_end):
     hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end, reduce="last")  # TF: the logged step's value
-    for _ in range(2):  # the second session's begin resets the iteration count
+    for _ in range(2):  # the second session starts at step 0 again: the same steps
         logs.clear()
         sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
         run_n(sess, 35)
         sess.close()
-        lines = info_lines(logs)
-        # the counter after iteration i is i + 1
-        assert [line.split(" (")[0] for line in lines[:4]] == ["value = 1", "value = 11", "value = 21", "value = 31"]
-        assert lines[1].endswith("sec)") and lines[3].endswith("sec)")
+        steps = []
+        lines = info_lines(logs, steps)
+        # step 1 (the starting point), then every 10 steps counted from step 0; the counter after step t is t
+        assert [line.split(" (")[0] for line in lines[:4]] == ["value = 1", "value = 10", "value = 20", "value = 30"]
+        assert "sec)" not in lines[0] and all(line.endswith("sec)") for line in lines[1:4])  # none on the first
         if at_end:
             assert lines[4:] == ["value = 35"]
+            assert steps == [1, 10, 20, 30, 35]
         else:
             assert len(lines) == 4
+            assert steps == [1, 10, 20, 30]
+    # a session that starts at another step keeps the schedule counted from step 0 (no line at its first step)
+    logs.clear()
+    sess = jm.MonitoredSession(count_step, zero, hooks=[hook], initial_step=15)
+    run_n(sess, 20)  # steps 16..35
+    sess.close()
+    steps = []
+    info_lines(logs, steps)
+    assert steps == ([20, 30, 35] if at_end else [20, 30])
 
 
 def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(logs):
@@ -113,9 +124,9 @@ def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(l
     run_n(sess, 25)
     sess.close()
     steps = []
-    assert [line.split(" (")[0] for line in info_lines(logs, steps)] == ["value = 1", "value = 11", "value = 21",
+    assert [line.split(" (")[0] for line in info_lines(logs, steps)] == ["value = 1", "value = 10", "value = 20",
                                                                          "value = 25"]
-    assert steps == [1, 11, 21, 25]
+    assert steps == [1, 10, 20, 25]
     logs.clear()
     seen = []
     def with_step(values, step):
@@ -127,26 +138,30 @@ def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(l
     sess = jm.MonitoredSession(count_step, zero, hooks=hooks)
     run_n(sess, 15)
     sess.close()
-    assert seen == [1, 11]
-    assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1", "at 11", "6"]
+    assert seen == [1, 10]
+    # the second formatter gets the means: step 1, then (2 + ... + 10) / 9 = 6
+    assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1", "at 10", "6"]
 
 
 @pytest.mark.parametrize("at_end", [False, True])
-def test_every_n_iter_logs_the_mean_of_the_iterations_since_the_previous_line(logs, at_end):
-    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end)  # reduce="mean", the default
-    values = {s: s for s in range(1, 36)}  # the "value" output of steps 1..35: the counter after iteration i is i + 1
-    logged_steps = [1, 11, 21, 31]  # iterations 0, 10, 20, 30
-    means = window_means(values, logged_steps)  # [1], [2..11], [12..21], [22..31]
-    assert means == [1.0, 6.5, 16.5, 26.5]  # e.g. (2 + 11) / 2 = 6.5
-    for _ in range(2):  # the second session's begin starts the counts and the means afresh
+def test_every_n_iter_logs_the_mean_of_the_steps_since_the_previous_line(logs, at_end):
+    clock = FakeClock()
+    hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end, clock=clock)  # reduce="mean", the default
+    values = {s: s for s in range(1, 36)}  # the "value" output of steps 1..35: the counter after step t is t
+    logged_steps = [1, 10, 20, 30]
+    means = window_means(values, logged_steps)  # [1], [2..10], [11..20], [21..30]
+    assert means == [1.0, 6.0, 15.5, 25.5]  # e.g. (2 + 10) / 2 = 6
+    for _ in range(2):  # the second session (from step 0 again) starts the means afresh
         logs.clear()
         sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
         run_n(sess, 35)
         sess.close()
-        lines = info_lines(logs)
-        assert [line.split(" (")[0] for line in lines[:4]] == [f"value = {mean}" for mean in means]
-        assert lines[0] == "value = 1.0"  # an int output is averaged as float32
-        assert lines[1].endswith("sec)") and lines[3].endswith("sec)")
+        steps = []
+        lines = info_lines(logs, steps)
+        assert steps[:4] == logged_steps
+        # 5 significant digits; an int output is averaged as float32 (15.5, not 15)
+        assert [line.split(" (")[0] for line in lines[:4]] == ["value = 1", "value = 6", "value = 15.5", "value = 25.5"]
+        assert "sec)" not in lines[0] and all(line.endswith("(0.000 sec)") for line in lines[1:4])  # none on the first
         if at_end:
             assert lines[4:] == ["value = 35"]  # at_end: the fetch on the final state, not a mean
         else:
@@ -165,15 +180,14 @@ def test_reduce_other_than_mean_or_last_is_a_value_error_naming_both(make):
         assert make(reduce).reduce == reduce
 
 
-def test_every_n_iter_1_first_line_has_no_timing_and_later_lines_do(logs):
-    sess = jm.MonitoredSession(count_step, zero, hooks=[jm.LoggingHook(["value"], every_n_iter=1)])
-    run_n(sess, 3)
+def test_every_n_iter_1_lines_after_the_first_have_their_timing(logs):
+    clock = FakeClock()
+    sess = jm.MonitoredSession(count_step, zero, hooks=[jm.LoggingHook(["value"], every_n_iter=1, clock=clock)])
+    clock.t += 2.0  # the first run starts 2 s after the session
+    run_n(sess, 3, clock, 0.5)
     sess.close()
     lines = info_lines(logs)
-    assert len(lines) == 3
-    assert "value" in lines[0] and "sec" not in lines[0]
-    assert lines[1].startswith("value = 2") and "sec" in lines[1]
-    assert lines[2].startswith("value = 3") and "sec" in lines[2]
+    assert lines == ["value = 1", "value = 2 (0.500 sec)", "value = 3 (0.500 sec)"]  # the first: no timing
 
 
 @pytest.mark.parametrize("at_end", [False, True])
@@ -181,7 +195,7 @@ def test_every_n_secs_logs_when_the_time_has_passed(logs, at_end):
     clock = FakeClock()
     hook = jm.LoggingHook(["value"], every_n_secs=1.0, at_end=at_end, clock=clock, reduce="last")  # TF's values
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
-    sess.run()
+    sess.run()  # step 1, the starting point: logged whatever the time
     sess.sync()
     assert info_lines(logs) == ["value = 1"]
     sess.run()  # same time: no line
@@ -218,79 +232,87 @@ def test_formatter_gets_a_dict_of_host_values(logs):
 
 
 def test_dict_fetches_log_in_sorted_tag_order(logs):
-    hook = jm.LoggingHook({"zz_loss": "loss", "aa_acc": "acc"}, every_n_iter=1)
+    hook = jm.LoggingHook({"zz_loss": "loss", "aa_acc": "acc"}, every_n_iter=1, clock=FakeClock())
     sess = jm.MonitoredSession(metrics_step, zero, hooks=[hook])
     sess.run()
     sess.close()
-    assert info_lines(logs) == ["aa_acc = 100.0, zz_loss = 10.0"]  # one step's mean, as float32
+    assert info_lines(logs) == ["aa_acc = 100, zz_loss = 10"]  # one step's mean, 5 significant digits
 
 
 def test_list_fetches_log_in_the_given_order(logs):
-    hook = jm.LoggingHook(["loss", "acc"], every_n_iter=1)
+    hook = jm.LoggingHook(["loss", "acc"], every_n_iter=1, clock=FakeClock())
     sess = jm.MonitoredSession(metrics_step, zero, hooks=[hook])
     sess.run()
     sess.close()
-    other = jm.LoggingHook(["acc", "loss"], every_n_iter=1)
+    other = jm.LoggingHook(["acc", "loss"], every_n_iter=1, clock=FakeClock())
     sess = jm.MonitoredSession(metrics_step, zero, hooks=[other])
     sess.run()
     sess.close()
-    assert info_lines(logs) == ["loss = 10.0, acc = 100.0", "acc = 100.0, loss = 10.0"]  # one step's float32 mean
+    assert info_lines(logs) == ["loss = 10, acc = 100",
+                                "acc = 100, loss = 10"]  # one step's float32 mean
 
 
-def test_a_callable_fetch_is_logged(logs):
-    hook = jm.LoggingHook({"double": double_state, "value": "value"}, every_n_iter=1, at_end=True)
+@pytest.mark.parametrize("reduce", ["mean", "last"])
+def test_a_callable_fetch_is_logged(logs, reduce):
+    clock = FakeClock()
+    hook = jm.LoggingHook({"double": double_state, "value": "value"}, every_n_iter=4, at_end=True, reduce=reduce,
+                          clock=clock)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
-    run_n(sess, 2)
+    run_n(sess, 5, clock, 1.0)
     sess.close()
     lines = info_lines(logs)
-    # the callable is its value at the logged step; the named output the (float32) mean of that one step
-    assert lines[0] == "double = 2, value = 1.0"
-    assert lines[1].startswith("double = 4, value = 2.0 (")
-    assert lines[2] == "double = 4, value = 2"  # at_end: both fetched on the final state
+    assert lines[0] == "double = 2, value = 1"  # step 1
+    if reduce == "mean":  # the callable as the named output: the mean over steps 2-4, 2 * 3 and 3
+        assert lines[1] == "double = 6, value = 3 (3.000 sec)"
+    else:  # the values of step 4
+        assert lines[1] == "double = 8, value = 4 (3.000 sec)"
+    assert lines[2] == "double = 10, value = 5"  # at_end: both fetched on the final state
+    assert len(lines) == 3
 
 
 def test_values_are_delivered_one_run_late(logs):
-    hook = jm.LoggingHook(["value"], every_n_iter=2)
+    hook = jm.LoggingHook(["value"], every_n_iter=3, clock=FakeClock())
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
-    sess.run()  # iteration 0 triggers; its line waits for the next dispatch
+    sess.run()  # step 1 triggers; its line waits for the next dispatch
     assert info_lines(logs) == []
     sess.run()  # delivers run 1
-    assert info_lines(logs) == ["value = 1.0"]
-    sess.run()  # iteration 2 triggers
-    assert info_lines(logs) == ["value = 1.0"]
+    assert info_lines(logs) == ["value = 1"]
+    sess.run()  # step 3 triggers
+    assert info_lines(logs) == ["value = 1"]
     sess.sync()
     # the mean of steps 2 and 3: (2 + 3) / 2 = 2.5
-    assert len(info_lines(logs)) == 2 and info_lines(logs)[1].startswith("value = 2.5 (")
+    assert info_lines(logs) == ["value = 1", "value = 2.5 (0.000 sec)"]
     sess.sync()  # nothing pending: no duplicate
     sess.close()
     assert len(info_lines(logs)) == 2
 
 
-def test_floats_are_printed_without_scientific_notation(logs):
-    hook = jm.LoggingHook(["loss"], every_n_iter=1)
+def test_floats_are_printed_with_5_significant_digits(logs):
+    hook = jm.LoggingHook(["loss"], every_n_iter=1, clock=FakeClock())
     sess = jm.MonitoredSession(float_loss_step, zero, hooks=[hook])
-    run_n(sess, 2)
+    run_n(sess, 3)
     sess.close()
     lines = info_lines(logs)
-    assert lines[0] == "loss = 1.0" and lines[1].startswith("loss = 0.5 (")
+    assert lines == ["loss = 1", "loss = 0.5 (0.000 sec)", "loss = 0.33333 (0.000 sec)"]
 
 
 # -- StepCounterHook ----------------------------------------------------------------------
 
 
-def test_step_counter_every_n_steps_writes_rates_at_11_and_21(logs):
+def test_step_counter_every_n_steps_writes_rates_at_10_20_30(logs):
     clock, writer = FakeClock(), RecordingWriter()
     hook = jm.StepCounterHook(every_n_steps=10, summary_writer=writer, clock=clock)
     sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
     run_n(sess, 30, clock, 0.01)
     sess.close()
-    assert writer.steps() == [11, 21]
-    assert [sorted(s) for _, s in writer.scalars] == [["global_step/sec"], ["global_step/sec"]]
+    # the clock starts after step 1 (the compiling run): the first rate covers steps 2-10, 9 steps in 0.09 s
+    assert writer.steps() == [10, 20, 30]
+    assert [sorted(s) for _, s in writer.scalars] == [["global_step/sec"]] * 3
     for _, scalars in writer.scalars:
         assert scalars["global_step/sec"] > 0
         assert scalars["global_step/sec"] == pytest.approx(100.0)
     assert warnings_(logs) == []
-    assert sum(line.startswith("global_step/sec: ") for line in info_lines(logs)) == 2
+    assert sum(line.startswith("global_step/sec: ") for line in info_lines(logs)) == 3
     assert writer.flushes >= 1 and writer.closes == 0  # a given writer is flushed, never closed
 
 
@@ -356,7 +378,7 @@ def test_timer_fires_once_per_interval_when_steps_jump():
 
 
 @pytest.mark.parametrize("every_n_steps, steps_per_run, expected", [
-    (10, 5, [15, 25]),
+    (10, 5, [10, 20]),  # the first run (step 5) starts the clock; then each multiple of 10 passed
     (5, 5, [10, 15, 20, 25]),
     (5, 10, [20, 30, 40, 50]),
 ])
@@ -429,10 +451,10 @@ def test_step_counter_output_dir_writes_event_file_and_jsonl(tmp_path):
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     events = acc.Scalars("global_step/sec")
-    assert [e.step for e in events] == [3, 5]
+    assert [e.step for e in events] == [2, 4]  # step 2: 1 step in 0.5 s; steps 3-4: 2 in 1 s
     assert [e.value for e in events] == [pytest.approx(2.0), pytest.approx(2.0)]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "global_step/sec" in r] == [3, 5]
+    assert [r["step"] for r in records if "global_step/sec" in r] == [2, 4]
     assert records[0]["global_step/sec"] == pytest.approx(2.0)
 
 
@@ -478,7 +500,9 @@ def test_progress_bar_draws_step_rate_eta_and_loss(logs):
     frames = [frame for frame in text.split("\r") if frame]
     assert any("step 5/5" in frame for frame in frames)  # total_steps from the StopAtStepHook
     assert "steps/s" in text and "ETA" in text and "loss" in text
-    assert any("step 1/5" in frame and "loss 1" in frame for frame in frames)
+    # refreshed every 0.2 s from the session's start: first after run 2, with the mean of steps 1-2
+    assert "step 2/5" in frames[0] and "loss 0.75" in frames[0]  # (1 + 1 / 2) / 2
+    assert not any("step 1/5" in frame for frame in frames)
     assert text.endswith("\n")
     assert warnings_(logs) == []
 

@@ -106,8 +106,8 @@ def test_nan_hook_reads_every_n_steps_and_raises_at_that_read():
         for _ in range(100):
             sess.run({})
             steps_run.append(sess.step)
-    # Reads after steps 1, 26 and 51 (delivered a run late): the one of step 51 raises during step 52.
-    assert info.value.step == 37 and sess.step == 52 and steps_run[-1] == 51
+    # Reads after steps 25 and 50 (delivered a run late): the one of step 50 raises during step 51.
+    assert info.value.step == 37 and sess.step == 51 and steps_run[-1] == 50
     sess.close()
 
 
@@ -205,12 +205,13 @@ def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
 
     first, second = jm.JsonlWriter(tmp_path / "a.jsonl"), jm.JsonlWriter(tmp_path / "b.jsonl")
     run_to(8, first)
-    run_to(17, second)  # restores step 8: writes at 9 (the first run) and 17
+    run_to(25, second)  # restores step 8: writes at 16 and 24 (counted from step 0), not at its first run
     first.close()
     second.close()
     with open(tmp_path / "b.jsonl") as lines:
         rows = [row for row in map(json.loads, lines) if "loss" in row]
-    assert [(row["step"], row["loss"]) for row in rows] == [(9, 9.0), (17, np.mean(np.arange(10, 18)))]
+    # the means over steps 9-16 and 17-24: (9 + 16) / 2 = 12.5, (17 + 24) / 2 = 20.5
+    assert [(row["step"], row["loss"]) for row in rows] == [(16, 12.5), (24, 20.5)]
 
 
 def test_accumulators_must_be_reductions():
@@ -398,9 +399,11 @@ def test_the_built_in_periodic_hooks_sleep_between_their_step_triggers(tmp_path)
         sess.run({})
         woken.append([trigger.step for trigger in sess._runner._wake])
     sess.close()
-    # Each is next needed at the step of its next trigger (the step counter's first trigger only starts its clock).
-    # After each run the session knows when each sleeps till: no run in between calls one.
-    assert woken[1] == [11, 11, 11] and woken[9] == [11, 11, 11] and woken[10] == [21, 21, 21]
+    # Each is next needed at the step of its next trigger, 10 then 20 (the step counter's clock starts after
+    # the first run; the summaries' step 1 is behind them). After each run the session knows when each sleeps
+    # till: no run in between calls one.
+    assert woken[0] == [10, 10, 10] and woken[1] == [10, 10, 10]
+    assert woken[9] == [20, 20, 20] and woken[10] == [20, 20, 20]
 
 
 class FakeClock:
@@ -439,11 +442,12 @@ def test_runs_that_every_hook_sleeps_through_call_no_hook_and_every_trigger_stil
         while not sess.should_stop():
             sess.run()
     assert sess.step == 237  # StopAtStepHook slept until its step, and stopped there
-    assert logged == [1.0, 101.0, 201.0]  # iterations 0, 100, 200
-    assert hooks[2].get_state()["iter_count"] == 237
+    assert logged == [1.0, 100.0, 200.0]  # step 1, then steps 100 and 200
+    assert hooks[2].get_state() == {"timer": {"last_step": 200, "waited": None}}
     assert saved_steps(tmp_path) == [0, 100, 200, 237]
-    # Only the runs that end on a trigger call hooks: the saver at 100 and 200, the others one step later.
-    assert calls == [1, 51, 100, 101, 151, 200, 201, 237], calls
+    # Only the runs that end on a trigger call hooks: step 1 (summaries, logging, the step counter's clock),
+    # the NaN checks at 50 and 150, every hook at 100 and 200, the stop at 237.
+    assert calls == [1, 50, 100, 150, 200, 237], calls
 
 
 def test_periodic_and_eval_hooks_sleep_between_their_triggers_and_fire_on_the_same_steps():
@@ -459,11 +463,12 @@ def test_periodic_and_eval_hooks_sleep_between_their_triggers_and_fire_on_the_sa
         for _ in range(25):
             clock.t += 1.0
             sess.run()
-    # Every 10 steps (from the first run), every 7 s (a step a second), every 12 steps
-    # (from the creation), as when called on every run; the other runs call no hook.
-    assert [s for s in periodic if s > 0] == [1, 11, 21] and [-s for s in periodic if s < 0] == [1, 8, 15, 22]
+    # After steps 10 and 20, every 7 s from the session's start (a step a second), after steps 12 and 24,
+    # as when called on every run; the other runs call no hook (the session's first run asks each hook
+    # when it is next due, and none is due there).
+    assert [s for s in periodic if s > 0] == [10, 20] and [-s for s in periodic if s < 0] == [7, 14, 21]
     assert evaluated == [12, 24]
-    assert calls == [1, 8, 11, 12, 15, 21, 22, 24], calls
+    assert calls == [1, 7, 10, 12, 14, 20, 21, 24], calls
 
 
 def _finite_step(state, batch):
@@ -485,7 +490,8 @@ def test_a_seconds_timer_sleeps_until_its_time_and_fires_on_the_first_run_after_
             clock.t += 1.0
             sess.run()
     assert saver.saved_steps == [0, 10, 20, 30, 35]
-    assert logged == [1.0, 26.0]  # its first run, then the first run 25 s later
+    # step 1, then the first run that ends 25 s after that line (each line starts the next interval)
+    assert logged == [1.0, 26.0]
     assert calls == [1, 10, 20, 26, 30], calls  # the runs on which a timer is due, and no other
 
 
@@ -501,7 +507,7 @@ def test_a_preemption_wakes_a_sleeping_saver_at_the_next_run(tmp_path):
     assert saved_steps(tmp_path) == [0, 13]
 
 
-def test_a_logging_hook_counts_the_iterations_it_slept_through_across_a_resume(tmp_path):
+def test_a_logging_hook_keeps_its_schedule_across_a_resume(tmp_path):
     def run(steps):
         logged = []
         hook = jm.LoggingHook(["loss"], every_n_iter=10, reduce="last",
@@ -511,8 +517,8 @@ def test_a_logging_hook_counts_the_iterations_it_slept_through_across_a_resume(t
         with jm.MonitoredSession(_finite_step, fresh, data=forever(), hooks=hooks) as sess:
             while not sess.should_stop():
                 sess.run()
-        return logged, hook.get_state()["iter_count"]
+        return logged, hook.get_state()["timer"]["last_step"]
 
-    assert run(33) == ([1.0, 11.0, 21.0, 31.0], 33)
-    # Resumed from step 33 (saved at the end) with iteration 33 counted: the next lines are iterations 40 and 50.
-    assert run(55) == ([41.0, 51.0], 55)
+    assert run(33) == ([1.0, 10.0, 20.0, 30.0], 30)
+    # Resumed from step 33 (saved at the end): no line at its first step, the next lines are steps 40 and 50.
+    assert run(55) == ([40.0, 50.0], 50)

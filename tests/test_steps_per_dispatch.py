@@ -173,15 +173,15 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
 # -- 2: every trigger on its exact step, where TF with several steps per run fired late -------
 
 
-def test_summaries_every_8_steps_land_on_1_9_17_25_with_that_steps_values(tmp_path):
+def test_summaries_every_8_steps_land_on_1_8_16_24_with_that_steps_values(tmp_path):
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, reduce="last")  # the write step's value
     sess, lengths = train([hook], last_step=30, k=32)
     assert sess.step == 30
-    expected = [(1, 1.0), (9, 9.0), (17, 17.0), (25, 25.0)]  # the loss output reads the step number
+    expected = [(1, 1.0), (8, 8.0), (16, 16.0), (24, 24.0)]  # the loss output reads the step number
     assert jsonl_steps(tmp_path / "metrics.jsonl", "loss") == expected
     assert event_steps(tmp_path, "loss") == expected
-    assert lengths.lengths == [1, 8, 8, 8, 4, 1]  # runs end on 1, 9, 17, 25, then 29, 30
-    assert lengths.ends == [1, 9, 17, 25, 29, 30]
+    assert lengths.lengths == [1, 4, 2, 1, 8, 8, 4, 2]  # runs end on 1, then 5, 7, 8, 16, 24, then 28, 30
+    assert lengths.ends == [1, 5, 7, 8, 16, 24, 28, 30]
 
 
 def test_summaries_every_8_steps_write_the_mean_of_every_scanned_step_as_with_one_step_per_run(tmp_path):
@@ -192,11 +192,11 @@ def test_summaries_every_8_steps_write_the_mean_of_every_scanned_step_as_with_on
         assert sess.step == 30
         written[k] = event_steps(logdir, "loss")
         assert jsonl_steps(logdir / "metrics.jsonl", "loss") == written[k]
-    assert lengths.lengths == [1, 8, 8, 8, 4, 1]  # k=32: steps 2-9, 10-17, 18-25 each one scan of 8
-    # the loss of step t is t: 1, (2 + 9) / 2, (10 + 17) / 2, (18 + 25) / 2
-    means = window_means({t: float(t) for t in range(1, 31)}, [1, 9, 17, 25])
-    assert means == [1.0, 5.5, 13.5, 21.5]
-    assert written[1] == list(zip([1, 9, 17, 25], means, strict=True))
+    assert lengths.lengths == [1, 4, 2, 1, 8, 8, 4, 2]  # k=32: steps 2-8 in 4 + 2 + 1, 9-16 and 17-24 in 8
+    # the loss of step t is t: 1, (2 + 8) / 2, (9 + 16) / 2, (17 + 24) / 2
+    means = window_means({t: float(t) for t in range(1, 31)}, [1, 8, 16, 24])
+    assert means == [1.0, 5.0, 12.5, 20.5]
+    assert written[1] == list(zip([1, 8, 16, 24], means, strict=True))
     assert written[32] == written[1]  # every scanned step is accumulated, not only the run's last
 
 
@@ -215,14 +215,16 @@ def test_checkpoints_every_10_steps_land_on_0_10_20_30(k, runs, tmp_path):
     assert lengths.lengths == runs
 
 
-def test_step_counter_every_10_steps_writes_at_11_21_31_41(tmp_path):
+def test_step_counter_every_10_steps_writes_at_10_20_30_40(tmp_path):
     sess, lengths = train([jm.StepCounterHook(every_n_steps=10, output_dir=tmp_path)], last_step=45, k=32)
     assert sess.step == 45
     rates = jsonl_steps(tmp_path / "metrics.jsonl", "global_step/sec")
-    assert [step for step, _ in rates] == [11, 21, 31, 41]  # step 1 starts the clock
+    # the first run (step 1, which compiles) starts the clock: the first rate covers steps 2-10, as with one
+    # step per run
+    assert [step for step, _ in rates] == [10, 20, 30, 40]
     assert all(rate > 0 and math.isfinite(rate) for _, rate in rates)
-    assert [step for step, _ in event_steps(tmp_path, "global_step/sec")] == [11, 21, 31, 41]
-    assert {1, 11, 21, 31, 41} <= set(lengths.ends)
+    assert [step for step, _ in event_steps(tmp_path, "global_step/sec")] == [10, 20, 30, 40]
+    assert {1, 10, 20, 30, 40} <= set(lengths.ends)
 
 
 def test_eval_every_50_steps_evaluates_at_50_and_100():
@@ -246,9 +248,9 @@ def test_periodic_hook_fires_on_the_steps_it_fires_on_with_one_step_per_run():
         sess, lengths = train([jm.PeriodicHook(lambda session, seen=seen: seen.append(session.step),
                                                every_n_steps=7)], last_step=40, k=k)
         assert sess.step == 40
-    assert fired[1] == [1, 8, 15, 22, 29, 36]
+    assert fired[1] == [7, 14, 21, 28, 35]  # after steps 7, 14, ...: not the first run
     assert fired[32] == fired[1]
-    assert lengths.lengths == [1] + [4, 2, 1] * 5 + [4]  # runs end on 1, 8, 15, ..., 36, then 40
+    assert lengths.lengths == [4, 2, 1] * 5 + [4, 1]  # runs end on 7, 14, ..., 35, then 39, 40
 
 
 # -- 3: compilations --------------------------------------------------------------------------
@@ -269,7 +271,7 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_pa
     # 1000 / 32 = 31.25 runs at best; the runs cut for the triggers every 100 steps add about one per 100
     assert math.ceil(1000 / 32) <= len(lengths.runs) <= 1000 / 32 + 1000 / 100 + 2
     assert sum(lengths.lengths) == 1000
-    assert [step for step, _ in jsonl_steps(tmp_path / "metrics.jsonl", "loss")] == list(range(1, 1000, 100))
+    assert [step for step, _ in jsonl_steps(tmp_path / "metrics.jsonl", "loss")] == [1, *range(100, 1001, 100)]
     assert complete_steps(tmp_path / "ckpt") == [0, 1000]
 
 
@@ -478,11 +480,13 @@ def test_settings_tf_wrote_late_write_summaries_where_one_step_per_run_does(ever
         hook = jm.SummarySaverHook(save_steps=every, summary_writer=writer, reduce=reduce)
         sess, _ = train([hook], last_step=50, k=steps)
         assert sess.step == 50
-    expected = list(range(1, 51, every))
+    expected = [1, *range(every, 51, every)]  # step 1, then every `every` steps counted from step 0
+    assert expected == ([1, 10, 20, 30, 40, 50] if every == 10 else [1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50])
     assert [step for step, _ in written[1].scalars] == expected
     assert written[k].scalars == written[1].scalars  # the same steps with the same values
     if reduce == "last":  # TF: the loss of the write step, which reads the step number
         assert all(scalars["loss"] == step for step, scalars in written[k].scalars)
-    else:  # the mean of the step numbers since the previous write, e.g. (2 + 11) / 2 = 6.5 at 11 for every=10
+    else:  # the mean of the step numbers since the previous write, e.g. (2 + 10) / 2 = 6 at 10 for every=10
         means = window_means({t: float(t) for t in range(1, 51)}, expected)
+        assert means[:3] == ([1.0, 6.0, 15.5] if every == 10 else [1.0, 3.5, 8.0])
         assert [scalars["loss"] for _, scalars in written[k].scalars] == means

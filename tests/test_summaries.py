@@ -113,29 +113,34 @@ def test_a_writer_with_only_some_of_the_protocol_methods_is_a_type_error():
 
 
 @pytest.mark.parametrize("reduce", ["last", "mean"])  # "last": TF's values of the write step
-def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_9_17_25(tmp_path, reduce):
+def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_8_16_24(tmp_path, reduce):
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"sq": square_plus_one}, reduce=reduce)
     sess = run_session([hook], 30)
     assert sess.step == 30
     acc = events(tmp_path)
-    steps = [1, 9, 17, 25]
-    loss, acc_values = expected_outputs(steps, reduce)  # mean: over steps 1, 2-9, 10-17, 18-25
+    steps = [1, 8, 16, 24]  # step 1, then every 8 steps counted from step 0
+    loss, acc_values = expected_outputs(steps, reduce)  # mean: over steps 1, 2-8, 9-16, 17-24
+    # the extra summary (a callable, state**2 + 1 with state = t after step t) is
+    # reduced as the scalar outputs are: the write step's value, or its window mean
+    picked = windows(steps) if reduce == "mean" else [np.array([s]) for s in steps]
+    sq = [float(np.mean(np.float32(ts) ** 2 + 1)) for ts in picked]
     if reduce == "last":
         assert loss == [2.0 * s for s in steps]
+        assert sq == [2.0, 65.0, 257.0, 577.0]
     else:
-        assert loss == [2.0, 11.0, 27.0, 43.0]  # 2 * (2 + 9) / 2 = 11, 2 * (10 + 17) / 2 = 27, ...
+        assert loss == [2.0, 10.0, 25.0, 41.0]  # 2 * (2 + 8) / 2 = 10, 2 * (9 + 16) / 2 = 25, ...
+        assert sq == [2.0, 30.0, 162.5, 426.5]  # 1 + (4 + 9 + ... + 64) / 7 = 1 + 29, 1 + 1292 / 8, ...
     assert set(acc.Tags()["scalars"]) == {"loss", "acc", "sq"}  # "vec" is not a scalar: not written
     assert [s for s, _ in scalars(acc, "loss")] == steps
     assert [v for _, v in scalars(acc, "loss")] == pytest.approx(loss, rel=1e-6)
     assert [s for s, _ in scalars(acc, "acc")] == steps
     assert [v for _, v in scalars(acc, "acc")] == pytest.approx(acc_values, rel=1e-6)
-    # an extra summary (a callable) is its value at the write step, whatever `reduce`
-    assert scalars(acc, "sq") == [(s, pytest.approx(s * s + 1.0)) for s in steps]
+    assert scalars(acc, "sq") == [(s, pytest.approx(v, rel=1e-6)) for s, v in zip(steps, sq, strict=True)]
     lines = jsonl(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in lines] == steps
     assert all("vec" not in line for line in lines)
     assert [line["loss"] for line in lines] == pytest.approx(loss, rel=1e-6)
-    assert [line["sq"] for line in lines] == pytest.approx([s * s + 1.0 for s in steps])
+    assert [line["sq"] for line in lines] == pytest.approx(sq, rel=1e-6)
 
 
 def counter_loss_step(state, batch):
@@ -146,13 +151,13 @@ def counter_loss_step(state, batch):
 
 @pytest.mark.parametrize("steps_per_dispatch", [1, 8])
 def test_event_file_loss_is_the_window_mean_and_last_with_reduce_last(tmp_path, steps_per_dispatch):
-    steps = [1, 9, 17, 25]
+    steps = [1, 8, 16, 24]  # with 8 steps per run too: the runs are cut to end at them
     expected = {
-        # the mean of the step numbers since the previous write: 1, (2 + 9) / 2, (10 + 17) / 2, (18 + 25) / 2
+        # the mean of the step numbers since the previous write: 1, (2 + 8) / 2, (9 + 16) / 2, (17 + 24) / 2
         "mean": [float(np.mean(ts)) for ts in windows(steps)],
         "last": [float(s) for s in steps],  # the write step's own value (TF)
     }
-    assert expected["mean"] == [1.0, 5.5, 13.5, 21.5]
+    assert expected["mean"] == [1.0, 5.0, 12.5, 20.5]
     for reduce, values in expected.items():
         logdir = tmp_path / reduce
         kwargs = {} if reduce == "mean" else {"reduce": "last"}  # "mean" is the default
@@ -178,12 +183,24 @@ def counted(state, batch, outputs):
 @pytest.mark.needs_cpu  # jax.debug.callback: its host side
 def test_an_extra_summary_is_computed_only_on_the_steps_it_is_written(tmp_path):  # L2: counter reads 1, 2, 3, 4
     EVALUATIONS.clear()
-    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted})
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted}, reduce="last")
     sess = run_session([hook], 30)
     jax.effects_barrier()
-    assert EVALUATIONS == [1.0, 9.0, 17.0, 25.0]
-    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (9, 27.0), (17, 51.0), (25, 75.0)]
+    assert EVALUATIONS == [1.0, 8.0, 16.0, 24.0]
+    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (8, 24.0), (16, 48.0), (24, 72.0)]
     assert sess.compile_count == 2  # one variant with the summary, one without
+
+
+@pytest.mark.needs_cpu  # jax.debug.callback: its host side
+def test_an_extra_summary_with_reduce_mean_is_computed_every_step_and_written_as_its_window_mean(tmp_path):
+    EVALUATIONS.clear()
+    hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted})  # reduce="mean"
+    sess = run_session([hook], 30)
+    jax.effects_barrier()
+    assert EVALUATIONS == [float(t) for t in range(1, 31)]  # accumulated on the device on every step
+    # 3 * mean of the steps 1, 2-8, 9-16, 17-24: 3 * 1, 3 * 5, 3 * 12.5, 3 * 20.5
+    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (8, 15.0), (16, 37.5), (24, 61.5)]
+    assert sess.compile_count == 1  # the summary is in every step: one variant
 
 
 def metrics(state, batch, outputs):
@@ -192,20 +209,22 @@ def metrics(state, batch, outputs):
 
 def test_a_pytree_of_scalars_is_tagged_by_path(tmp_path):
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"m": metrics, "l": "loss"})
-    run_session([hook], 3)
+    run_session([hook], 4)
     acc = events(tmp_path)
-    assert scalars(acc, "m/double") == [(1, 2.0), (3, 6.0)]
-    assert scalars(acc, "m/half/x") == [(1, 0.5), (3, 1.5)]
-    assert scalars(acc, "l") == [(1, 2.0), (3, 6.0)]
+    # written after steps 1, 2, 4, each leaf the mean over its window: 1, 2, 3-4
+    assert scalars(acc, "m/double") == [(1, 2.0), (2, 4.0), (4, 7.0)]
+    assert scalars(acc, "m/half/x") == [(1, 0.5), (2, 1.0), (4, 1.75)]
+    assert scalars(acc, "l") == [(1, 2.0), (2, 4.0), (4, 7.0)]
 
 
-def test_a_hook_used_again_in_a_new_session_writes_at_its_first_step(tmp_path):  # 2.7: begin resets the timer
+def test_a_hook_used_again_in_a_new_session_keeps_the_absolute_schedule(tmp_path):  # 2.7: begin resets the timer
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)
     run_session([hook], 10)
     with jm.MonitoredSession(step, init_fn, hooks=[hook], initial_step=10) as sess:
-        for _ in range(3):
+        for _ in range(6):
             sess.run()
-    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 9, 11]
+    # the second session (steps 11-16) writes at 16, the next multiple of 8, not at its first step
+    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 8, 16]
 
 
 def test_save_secs_half_a_second_with_half_a_second_per_run_writes_every_step(tmp_path):
@@ -248,19 +267,19 @@ def test_histogram_image_and_text_summaries(tmp_path):
     acc = events(tmp_path)
     assert {"params/w", "params/b"} <= set(acc.Tags()["histograms"])
     w = acc.Histograms("params/w")
-    assert [e.step for e in w] == [1, 5]
+    assert [e.step for e in w] == [1, 4]  # step 1, then every 4 steps: the write step's values
     assert [(e.histogram_value.num, e.histogram_value.min, e.histogram_value.max) for e in w] == [
-        (4, 0.0, 3.0), (4, 0.0, 15.0)]
+        (4, 0.0, 3.0), (4, 0.0, 12.0)]
     b = acc.Histograms("params/b")
-    assert [(e.step, e.histogram_value.num, e.histogram_value.sum) for e in b] == [(1, 1, 1.0), (5, 1, 5.0)]
+    assert [(e.step, e.histogram_value.num, e.histogram_value.sum) for e in b] == [(1, 1, 1.0), (4, 1, 4.0)]
     images = acc.Images("img")
-    assert [(e.step, e.width, e.height) for e in images] == [(1, 8, 6), (5, 8, 6)]
+    assert [(e.step, e.width, e.height) for e in images] == [(1, 8, 6), (4, 8, 6)]
     assert "note/text_summary" in acc.Tags()["tensors"]
     texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors("note/text_summary")]
-    assert texts == [(1, "loss is 2.0"), (5, "loss is 10.0")]
+    assert texts == [(1, "loss is 2.0"), (4, "loss is 8.0")]
     # histograms and images stay out of the JSON lines; text goes on the step's line
     lines = jsonl(tmp_path / "metrics.jsonl")
-    assert [(line["step"], line["note"]) for line in lines] == [(1, "loss is 2.0"), (5, "loss is 10.0")]
+    assert [(line["step"], line["note"]) for line in lines] == [(1, "loss is 2.0"), (4, "loss is 8.0")]
     assert not any(key.startswith(("params", "img")) for line in lines for key in line)
 
 
@@ -333,7 +352,7 @@ def test_two_hooks_writing_one_step_share_one_jsonl_line(tmp_path):
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
     assert all("wall_time" in line and isinstance(line["wall_time"], float) for line in lines)
     assert [line["loss"] for line in lines] == [2.0 * s for s in range(1, 7)]
-    assert "global_step/sec" not in lines[0]  # the first trigger only starts the clock
+    assert "global_step/sec" not in lines[0]  # the clock starts after the first run (which compiles)
     assert [line["global_step/sec"] for line in lines[1:]] == pytest.approx([2.0] * 5)
     assert len(event_files(tmp_path)) == 1
 
@@ -375,12 +394,12 @@ def test_pending_summaries_are_written_when_the_step_raises(tmp_path):
     with pytest.raises(ValueError, match="scalar batch"):
         with jm.MonitoredSession(checked_step, init_fn, hooks=[hook]) as sess:
             for i in range(1, 12):
-                sess.run(np.zeros(2, np.float32) if i == 10 else np.float32(0))
-    assert sess.step == 9
-    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 9]
-    loss, _ = expected_outputs([1, 9], "mean")  # 2, then 2 * (2 + 9) / 2 = 11 over steps 2-9
-    assert loss == [2.0, 11.0]
-    assert scalars(events(tmp_path), "loss") == [(1, loss[0]), (9, loss[1])]
+                sess.run(np.zeros(2, np.float32) if i == 9 else np.float32(0))
+    assert sess.step == 8  # step 8's summaries, due to be read during run 9, are still written
+    assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 8]
+    loss, _ = expected_outputs([1, 8], "mean")  # 2, then 2 * (2 + 8) / 2 = 10 over steps 2-8
+    assert loss == [2.0, 10.0]
+    assert scalars(events(tmp_path), "loss") == [(1, loss[0]), (8, loss[1])]
 
 
 # -- the shared writer cache ---------------------------------------------------------------
@@ -401,8 +420,9 @@ def test_hooks_with_one_output_dir_share_one_writer_and_one_event_file(tmp_path)
     assert key not in SummaryWriterCache._writers  # closed and removed with its last handle
     assert len(event_files(tmp_path)) == 1
     acc = events(tmp_path)
-    assert [s for s, _ in scalars(acc, "loss")] == [1, 3, 5]
-    assert scalars(acc, "global_step/sec") == [(3, pytest.approx(1.0)), (5, pytest.approx(1.0))]
+    assert [s for s, _ in scalars(acc, "loss")] == [1, 2, 4]
+    # the rate's clock starts after step 1: step 2 over 1 step in 1 s, steps 3-4 in 2 s
+    assert scalars(acc, "global_step/sec") == [(2, pytest.approx(1.0)), (4, pytest.approx(1.0))]
 
 
 def test_a_session_that_fails_to_start_releases_the_cached_writer(tmp_path):  # Hook.close: "on every exit"
@@ -442,13 +462,13 @@ def test_a_given_writer_gets_the_scalars_and_is_flushed_but_never_closed():
     hook = jm.SummarySaverHook(save_steps=2, summary_writer=writer, hparams={"lr": 0.5})
     run_session([hook], 5)
     writes = [call for call in writer.calls if call[0] not in ("flush", "close")]
-    loss, acc = expected_outputs([1, 3, 5], "mean")  # over steps 1, 2-3, 4-5
-    assert loss == [2.0, 5.0, 9.0]  # 2 * 1, 2 * (2 + 3) / 2, 2 * (4 + 5) / 2
+    loss, acc = expected_outputs([1, 2, 4], "mean")  # over steps 1, 2, 3-4
+    assert loss == [2.0, 4.0, 7.0]  # 2 * 1, 2 * 2, 2 * (3 + 4) / 2
     assert writes == [
         ("hparams", None, {"lr": 0.5}),
         ("scalars", 1, {"loss": loss[0], "acc": pytest.approx(acc[0], rel=1e-6)}),
-        ("scalars", 3, {"loss": loss[1], "acc": pytest.approx(acc[1], rel=1e-6)}),
-        ("scalars", 5, {"loss": loss[2], "acc": pytest.approx(acc[2], rel=1e-6)}),
+        ("scalars", 2, {"loss": loss[1], "acc": pytest.approx(acc[1], rel=1e-6)}),
+        ("scalars", 4, {"loss": loss[2], "acc": pytest.approx(acc[2], rel=1e-6)}),
     ]
     assert ("flush",) in writer.calls[writer.calls.index(writes[-1]):]  # flushed after the last write
     assert ("close",) not in writer.calls
@@ -490,7 +510,7 @@ def test_writing_output_scalars_compiles_the_step_once(tmp_path):
     hook = jm.SummarySaverHook(save_steps=3, output_dir=tmp_path)
     sess = run_session([hook], 20)
     assert sess.compile_count == 1
-    assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 4, 7, 10, 13, 16, 19]
+    assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 3, 6, 9, 12, 15, 18]
 
 
 # -- the profiler ----------------------------------------------------------------------------

@@ -206,8 +206,8 @@ def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period
     assert {"loss", "n", "global_step/sec"} <= set(acc.Tags()["scalars"])
     loss = [(e.step, e.value) for e in acc.Scalars("loss")]
     if "save_summaries_steps" in period:
-        assert [step for step, _ in loss] == [1, 101]
-    else:  # the first run always writes; later ones when 0.1 s passed
+        assert [step for step, _ in loss] == [1, 100]  # step 1, then every 100 steps counted from step 0
+    else:  # step 1 always writes; later steps every 0.1 s
         assert loss[0][0] == 1 and all(1 <= step <= 101 for step, _ in loss)
     # the default SummarySaverHook writes each output's mean since its previous write (from step 0)
     bounds = [0, *(step for step, _ in loss)]
@@ -216,14 +216,14 @@ def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period
     assert means[0] == loss_at(1) == 1.0  # step 1 alone
     assert [value for _, value in loss] == pytest.approx(means, rel=1e-6)
     assert [(e.step, e.value) for e in acc.Scalars("n")][0] == (1, 1.0)
-    # The first trigger (step 1) only starts the clock: rates at 11, 21, ..., 101.
+    # The clock starts after step 1 (which compiles): rates at 10, 20, ..., 100, the first over steps 2-10.
     rates = acc.Scalars("global_step/sec")
-    assert [e.step for e in rates] == list(range(11, 102, 10))
+    assert [e.step for e in rates] == list(range(10, 101, 10))
     assert all(e.value > 0 for e in rates)
     lines = jsonl(tmp_path)
     first = next(line for line in lines if "loss" in line)
     assert (first["step"], first["loss"], first["n"]) == (1, 1.0, 1)
-    assert [line["step"] for line in lines if "global_step/sec" in line] == list(range(11, 102, 10))
+    assert [line["step"] for line in lines if "global_step/sec" in line] == list(range(10, 101, 10))
 
 
 # -- no graph ------------------------------------------------------------------------------------
@@ -320,32 +320,35 @@ def test_bad_periods_are_value_errors_naming_the_argument(tmp_path, kwargs):
     assert not (tmp_path / "run").exists()
 
 
-EVERY_100 = "SecondOrStepTimer(every_steps=100)"
+# The periods resolve as TF's arguments did; the hooks keep them on jaxmon's schedule (`Every`: after
+# steps N, 2N, ...; the summaries after step 1 too).
+EVERY_100 = "Every(every_steps=100)"
+SUMMARIES_EVERY_100 = "Every(every_steps=100, first=True)"
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    ({}, {"StepCounterHook": EVERY_100, "SummarySaverHook": EVERY_100,
-          "CheckpointSaverHook": "SecondOrStepTimer(every_secs=600)"}),
+    ({}, {"StepCounterHook": EVERY_100, "SummarySaverHook": SUMMARIES_EVERY_100,
+          "CheckpointSaverHook": "Every(every_secs=600)"}),
     ({"save_checkpoint_secs": jm.USE_DEFAULT, "save_summaries_steps": jm.USE_DEFAULT},
-     {"StepCounterHook": EVERY_100, "SummarySaverHook": EVERY_100,
-      "CheckpointSaverHook": "SecondOrStepTimer(every_secs=600)"}),
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": SUMMARIES_EVERY_100,
+      "CheckpointSaverHook": "Every(every_secs=600)"}),
     ({"save_summaries_secs": 30, "save_checkpoint_steps": 50},  # one given: the other off
-     {"StepCounterHook": EVERY_100, "SummarySaverHook": "SecondOrStepTimer(every_secs=30)",
-      "CheckpointSaverHook": "SecondOrStepTimer(every_steps=50)"}),
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": "Every(every_secs=30, first=True)",
+      "CheckpointSaverHook": "Every(every_steps=50)"}),
     ({"save_summaries_steps": 7, "save_checkpoint_secs": 30, "log_step_count_steps": 3},
-     {"StepCounterHook": "SecondOrStepTimer(every_steps=3)", "SummarySaverHook": "SecondOrStepTimer(every_steps=7)",
-      "CheckpointSaverHook": "SecondOrStepTimer(every_secs=30)"}),
+     {"StepCounterHook": "Every(every_steps=3)", "SummarySaverHook": "Every(every_steps=7, first=True)",
+      "CheckpointSaverHook": "Every(every_secs=30)"}),
     ({"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "save_summaries_steps": None,
       "save_summaries_secs": 20},  # a 0 or None beside a period turns only itself off
-     {"StepCounterHook": EVERY_100, "SummarySaverHook": "SecondOrStepTimer(every_secs=20)",
-      "CheckpointSaverHook": "SecondOrStepTimer(every_steps=50)"}),
+     {"StepCounterHook": EVERY_100, "SummarySaverHook": "Every(every_secs=20, first=True)",
+      "CheckpointSaverHook": "Every(every_steps=50)"}),
     ({"save_summaries_steps": 0, "save_checkpoint_secs": None, "log_step_count_steps": 0}, {}),
     ({"save_summaries_steps": None, "save_summaries_secs": None, "save_checkpoint_steps": 0,
       "save_checkpoint_secs": 0, "log_step_count_steps": None}, {}),
 ], ids=["neither", "USE_DEFAULT", "one-given", "other-one-given", "zero-beside-one", "off", "all-off"])
 def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):
     with jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=tmp_path, **kwargs) as sess:
-        timers = {type(hook).__name__: re.search(r"SecondOrStepTimer\([^)]*\)", repr(hook)).group(0)
+        timers = {type(hook).__name__: re.search(r"Every\([^)]*\)", repr(hook)).group(0)
                   for hook in sess.hooks}
     assert timers == expected
     assert list(timers) == [name for name in ("StepCounterHook", "SummarySaverHook", "CheckpointSaverHook")
@@ -373,7 +376,7 @@ def test_summary_dir_separates_summaries_from_checkpoints(tmp_path):
     assert complete_steps(ckpt) == [0, 2, 3] and complete_steps(logs) == []
     assert event_files(logs) and not event_files(ckpt)
     assert not (ckpt / "metrics.jsonl").exists()
-    assert scalar_steps(read_events(logs), "loss") == [1, 3]
+    assert scalar_steps(read_events(logs), "loss") == [1, 2]
 
 
 # -- Supervisor's summary_computed -------------------------------------------------------------
@@ -395,7 +398,7 @@ def test_summary_computed_writes_into_the_sessions_event_file(tmp_path):
     (weights,) = acc.Histograms("weights")
     assert (weights.step, weights.histogram_value.num, weights.histogram_value.min,
             weights.histogram_value.max, weights.histogram_value.sum) == (3, 4, 0.0, 3.0, 6.0)
-    assert scalar_steps(acc, "loss") == [1, 3]  # the hook's own summaries are still there
+    assert scalar_steps(acc, "loss") == [1, 2, 4]  # the hook's own summaries are still there
     lines = jsonl(tmp_path)
     assert [(line["step"], line["acc"]) for line in lines if "acc" in line] == [(3, 0.5), (10, 0.75)]
     assert [(line["step"], line["note"]) for line in lines if "note" in line] == [(3, "hello")]
@@ -499,7 +502,7 @@ def test_periodic_hook_is_supervisors_timer_service(tmp_path):
     hook = jm.PeriodicHook(write_summary, every_n_steps=4, at_end=True)
     sess = train(10, checkpoint_dir=tmp_path, save_summaries_steps=None, log_step_count_steps=None, hooks=[hook])
     assert jm.SummarySaverHook not in hook_types(sess)
-    assert calls == [1, 5, 9, 10]
+    assert calls == [4, 8, 10]  # after steps 4 and 8, and at the end (10)
     acc = read_events(tmp_path)
     assert [(e.step, e.value) for e in acc.Scalars("manual")] == [(s, 10.0 * s) for s in calls]
     assert "loss" not in acc.Tags()["scalars"]

@@ -48,9 +48,11 @@ class CheckpointSaverListener:
 
 
 class CheckpointSaverHook(TimedHook):
-    """Saves the state with Orbax at TF's save points: at session creation, every N
-    steps or seconds, on preemption (SIGTERM), and at `end` if the last step was not
-    saved.
+    """Saves the state with Orbax at TF's save points: at session creation, after steps
+    N, 2N, ... for `save_steps=N` (a resumed run, even one stopped by SIGTERM or
+    Ctrl-C at another step, keeps that schedule) or every `save_secs` seconds (a
+    checkpoint keeps how long its timer has waited), on preemption (SIGTERM), and at
+    `end` if the last step was not saved.
 
     Each checkpoint holds the state, the step, the data iterator's position (when it
     has `get_state()`), the hooks' own state and metadata, which is everything an exact
@@ -139,7 +141,7 @@ class CheckpointSaverHook(TimedHook):
     def after_create_session(self, session) -> None:
         self._grace, self._session = session.stop_grace_period_secs, session
         step = session.step
-        self.timer.update_last_triggered_step(step)
+        self.timer.start(step)
         if step not in self._checkpoints.steps():  # a restored step is already saved
             session.after_hooks(lambda: self._save(session, step))
 

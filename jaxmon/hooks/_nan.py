@@ -10,7 +10,7 @@ from typing import Any
 from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._hook import RunArgs, RunContext
-from jaxmon._metrics import FirstNonFinite
+from jaxmon._reductions import FirstNonFinite
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon.hooks._timed import TimedHook
 
@@ -62,7 +62,16 @@ class NanHook(TimedHook):
         self._done, self._skipped = False, 0
 
     def after_create_session(self, session) -> None:
-        self._session, self._skipped = session, 0
+        self._session = session
+        if session.restored_step is None:  # a fresh state: its count of skips starts at 0 too
+            self._skipped = 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "skipped": self._skipped}  # the checkpoint keeps the count too
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._skipped = state.get("skipped", 0)
 
     def next_trigger(self, step: int) -> Trigger | None:
         return self.timer.next_trigger(step, exact=False)  # a read a few steps later is as good

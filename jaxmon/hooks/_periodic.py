@@ -15,8 +15,9 @@ from jaxmon.hooks._timed import TimedHook
 class PeriodicHook(TimedHook):
     """Calls `fn(session)` every N steps or seconds (TF Supervisor's `loop`).
 
-    The first call is after the first run; `at_end=True` calls it once more at `end`
-    unless it just ran for the last step.
+    It calls after steps N, 2N, ... for `every_n_steps=N` (a resumed run keeps the
+    schedule), or every `every_n_secs` seconds from the session's start; `at_end=True`
+    calls it once more at `end` unless it just ran for the last step.
 
     Example:
       >>> import jaxmon as jm
@@ -38,6 +39,9 @@ class PeriodicHook(TimedHook):
 
     def begin(self) -> None:
         self.timer.reset()
+
+    def after_create_session(self, session) -> None:
+        self.timer.start(session.step)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if self.timer.due(values.step):

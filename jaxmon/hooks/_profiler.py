@@ -44,7 +44,7 @@ class ProfilerHook(TimedHook):
             raise ValueError("ProfilerHook needs output_dir= (a directory for the traces).")
         self.output_dir = os.fspath(output_dir)
         self.on_error = check_on_error("ProfilerHook", on_error)
-        self._first = True
+        self._start: int | None = None
         self._tracing: int | None = None
         self.traced_steps: list[int] = []
 
@@ -52,18 +52,22 @@ class ProfilerHook(TimedHook):
         return self.timer.next_trigger(step)
 
     def begin(self) -> None:
-        self._first, self._tracing = True, None
+        self._tracing = None
+        self.timer.reset()
 
     def after_create_session(self, session) -> None:
         if self._tracing is not None:  # a recovery interrupted the traced run
             self._stop(self._tracing)
+        self._start = session.step
+        self.timer.start(session.step)
 
     def before_run(self, ctx: RunContext) -> None:
         step = ctx.next_step
-        if self._first:  # the first run only starts the timer: it would trace the compilation
-            self._first = False
-            self.timer.update_last_triggered_step(ctx.step)
-        elif self.timer.should_trigger_for_step(step):
+        if not self.timer.should_trigger_for_step(step):
+            return
+        if ctx.step == self._start:  # the session's first run compiles the step: not traced
+            self.timer.update_last_triggered_step(step)
+        else:
             os.makedirs(self.output_dir, exist_ok=True)
             jax.profiler.start_trace(self.output_dir)
             self._tracing = step

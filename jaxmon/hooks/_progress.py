@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import jax
@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxmon._errors import check_int, check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
-from jaxmon._metrics import Mean, check_reduce
+from jaxmon._reductions import Mean, Reduction, check_reduce
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon.hooks._stop import StopAtStepHook
 from jaxmon.hooks._timed import TimedHook
@@ -26,11 +26,13 @@ class ProgressBarHook(TimedHook):
     variable is set, unless `enabled=True`. Values are read one run late, at most
     every `every_n_secs`, from the step's outputs by name (names it lacks are skipped):
     with `reduce="mean"` (default) each scalar's mean over the steps since the last
-    refresh, accumulated on the device; with `"last"` its value at the refresh step.
+    refresh, accumulated on the device; with `"last"` its value at the refresh step. A
+    reduction (`{"loss": jm.Ratio("loss_sum", "tokens")}`) covers the same steps. The
+    last refresh, at the end, shows the steps since the one before.
 
     Args:
       total_steps: the last step; None takes it from a `StopAtStepHook` of the session.
-      fetches: output names to show.
+      fetches: output names to show, or a dict `{tag: name or jm.Reduction}`.
       every_n_secs: refresh period.
       stream: where to draw (default `sys.stderr`).
       enabled: force on or off; None decides from the terminal and `CI`.
@@ -40,36 +42,52 @@ class ProgressBarHook(TimedHook):
       >>> hook = jm.ProgressBarHook(total_steps=10_000)
     """
 
-    def __init__(self, total_steps: int | None = None, fetches: tuple[str, ...] | list[str] = ("loss",), *,
+    def __init__(self, total_steps: int | None = None,
+                 fetches: tuple[str, ...] | list[str] | Mapping[str, Any] = ("loss",), *,
                  every_n_secs: float = 0.2, stream: TextIO | None = None, enabled: bool | None = None,
                  width: int = 24, reduce: str = "mean", on_error: str = "warn",
                  clock: Callable[[], float] = time.monotonic):
         if total_steps is not None:
             check_int("ProgressBarHook total_steps", total_steps, minimum=1)
-        if isinstance(fetches, str) or not all(isinstance(name, str) for name in fetches):
-            raise ValueError(f"ProgressBarHook fetches must be a list of output names; got {fetches!r}.")
+        named = fetches.items() if isinstance(fetches, Mapping) else None
+        if named is None and (isinstance(fetches, str) or not all(isinstance(name, str) for name in fetches)):
+            raise ValueError(f"ProgressBarHook fetches must be a list of output names, or a dict {{tag: name or "
+                             f"jm.Reduction}}; got {fetches!r}.")
+        if named is not None and not all(isinstance(spec, (str, Reduction)) for _, spec in named):
+            raise ValueError(f"ProgressBarHook fetches must be a list of output names, or a dict {{tag: name or "
+                             f"jm.Reduction}}; got {fetches!r}.")
         self.timer = timer_for("ProgressBarHook", clock, every_n_steps=None, every_n_secs=every_n_secs,
                                error=f"ProgressBarHook every_n_secs must be a number >= 0; got {every_n_secs!r}.")
-        self.total_steps, self.fetches = total_steps, tuple(fetches)
+        self.total_steps = total_steps
+        self._specs = dict(named) if named is not None else {name: name for name in fetches}
+        self.fetches = tuple(self._specs)
         self._stream, self._enabled, self._width = stream, enabled, width
         self.on_error = check_on_error("ProgressBarHook", on_error)
         self._clock = clock
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
         self._drawn = False
+        self._shown: dict[str, Any] = {}
+        self._refreshed: int | None = None
         self.reduce = check_reduce("ProgressBarHook", reduce)
-        if reduce == "mean" and self.fetches:  # quiet too: every process of a run compiles the same step
-            self.accumulators = {"mean": Mean(list(self.fetches))}
+        accumulators = {f"tag:{tag}": spec for tag, spec in self._specs.items() if isinstance(spec, Reduction)}
+        names = sorted({spec for spec in self._specs.values() if isinstance(spec, str)})
+        if reduce == "mean" and names:  # quiet too: every process of a run compiles the same step
+            accumulators["mean"] = Mean(names)
+        if accumulators:
+            self.accumulators = accumulators
 
     def begin(self) -> None:
         stream = self._stream or sys.stderr
         self.enabled = self._enabled if self._enabled is not None else (
             getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
         self.timer.reset()
-        self._drawn = False
+        self._drawn, self._shown = False, {}
 
     def after_create_session(self, session) -> None:
         self._start = (session.step, self._clock())
+        self._refreshed = session.step
+        self.timer.start(session.step)
         self._total = self.total_steps
         if self._total is None:
             stops = [hook.last_step for hook in session.hooks if isinstance(hook, StopAtStepHook)]
@@ -85,10 +103,25 @@ class ProgressBarHook(TimedHook):
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is not None:  # a refresh this hook asked for
-            shown = {name: values.outputs[name] for name in self.fetches if name in values.outputs}
-            if values.accumulated:
-                shown |= values.accumulated["mean"]
-            self._draw(values.step, jax.device_get(shown))
+            self._refreshed = values.step
+            self._draw(values.step, self._values(values.outputs, values.accumulated))
+
+    def after_read(self, step: int, values: dict[str, Any]) -> None:
+        if self.enabled and self._refreshed is not None and step > self._refreshed:  # a read at a save or the end
+            self._shown = self._values(self._shown, values)
+
+    def _values(self, outputs: Mapping[str, Any], accumulated: dict[str, Any] | None) -> dict[str, Any]:
+        accumulated = accumulated or {}
+        means = accumulated.get("mean", {})
+        shown = {}
+        for tag, spec in self._specs.items():
+            if isinstance(spec, Reduction):
+                shown[tag] = accumulated.get(f"tag:{tag}", outputs.get(tag))
+            elif spec in means:
+                shown[tag] = means[spec]
+            elif spec in outputs:
+                shown[tag] = outputs[spec]
+        return {tag: value for tag, value in jax.device_get(shown).items() if value is not None}
 
     def _draw(self, step: int, shown: dict[str, Any]) -> None:
         start_step, start_time = self._start
@@ -106,11 +139,11 @@ class ProgressBarHook(TimedHook):
         stream = self._stream or sys.stderr
         stream.write("\r" + "  ".join(parts) + "\x1b[K")
         stream.flush()
-        self._drawn = True
+        self._drawn, self._shown = True, shown
 
     def end(self, session) -> None:
-        if self.enabled and session.step:
-            self._draw(session.step, {})
+        if self.enabled and session.step:  # the metrics of the last read (the session's close reads them)
+            self._draw(session.step, self._shown)
 
     def close(self) -> None:
         if self._drawn:

@@ -24,8 +24,10 @@ logger = logging.getLogger("jaxmon")
 class StepCounterHook(TimedHook):
     """Writes and logs the training speed, `global_step/sec`, every N steps or seconds.
 
-    The first trigger only starts the clock (nothing is written for it), so with
-    `every_n_steps=100` rates appear at steps 101, 201, ... With a known batch size
+    The clock starts after the session's first run (which compiles the step), and
+    rates are written after steps N, 2N, ... for `every_n_steps=N` (100, 200, ... for
+    100; a resumed run keeps the schedule), each over the steps since the one before
+    (the first over steps 2 to N). With a known batch size
     (given, or the common leading dimension of the batch's arrays) it also writes
     `examples/sec`. Rates are measured on the host at step boundaries; the host runs at
     most a few steps ahead of the device, so over a period they match the device.
@@ -62,6 +64,8 @@ class StepCounterHook(TimedHook):
         self._warnings = 0
 
     def next_trigger(self, step: int) -> Trigger | None:
+        if self.timer.last_triggered_step() is None:
+            return Trigger(step + 1)  # the first run (a step alone) starts the clock
         return self.timer.next_trigger(step)
 
     def begin(self) -> None:
@@ -70,7 +74,7 @@ class StepCounterHook(TimedHook):
 
     def after_create_session(self, session) -> None:
         self._slot.restarted(session)
-        self.timer.reset()  # a restored or recovered step starts a new interval
+        self.timer.reset()  # a restored or recovered step starts a new interval, timed from its first run
         self._last_step = None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
@@ -80,11 +84,14 @@ class StepCounterHook(TimedHook):
             logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
                            "Rates skip such runs.", self._last_step, step)
         self._last_step = step
+        if self.timer.last_triggered_step() is None:
+            self.timer.start(step)  # after the run that compiled the step
+            return
         if not self.timer.should_trigger_for_step(step):
             return
         elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
         if not elapsed_secs or elapsed_steps <= 0:
-            return  # the first trigger only starts the clock
+            return
         rate = elapsed_steps / elapsed_secs
         scalars = {self.tag: rate}
         batch_size = self.batch_size or _batch_size(ctx.original_args.feeds)
