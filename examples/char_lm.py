@@ -4,10 +4,17 @@ The text is the source of a few standard-library modules (found with
 `inspect.getsourcefile`, so nothing is downloaded), split into a training part and a
 held-out validation part. The model is a small Flax linen transformer: a character
 embedding plus learned positions, two pre-norm blocks of causal self-attention and an
-MLP, and a linear read-out. Hooks: `EvalHook` (validation loss, before training, every
-N steps and at the end), `SummarySaverHook` (TensorBoard events and `metrics.jsonl` in
-`--workdir`, shared with the `EvalHook`), `LoggingHook` and `StopAtStepHook`. At the
-end the model writes ~100 characters of Python, one sampled character at a time.
+MLP, and a linear read-out.
+
+The steps output token *sums* (`loss_sum`, `tokens`), as research code does, and the
+metrics are built-in reductions over them: the train loss is `jm.Ratio("loss_sum",
+"tokens")` over each summary window, the perplexity that `.then(np.exp)`, and the
+validation loss the same ratio over the whole validation set (its last batch is padded
+and masked, so batches hold unequal token counts). Hooks: `EvalHook` (before training,
+every N steps and at the end), `SummarySaverHook` (TensorBoard events and
+`metrics.jsonl` in `--workdir`, shared with the `EvalHook`), `LoggingHook` and
+`StopAtStepHook`. At the end the model writes ~100 characters of Python, one sampled
+character at a time.
 
 Run it with:
 
@@ -35,6 +42,7 @@ import queue
 import shlex
 import tempfile
 import textwrap
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -87,25 +95,80 @@ class CharTransformer(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         position = self.param("position", nn.initializers.normal(0.02), (self.context, self.d_model))
-        x = nn.Embed(self.vocab_size, self.d_model)(tokens) + position[:tokens.shape[1]]
+        x = nn.Embed(self.vocab_size, self.d_model)(tokens) + position[None, :tokens.shape[1]]
         for _ in range(self.layers):
             x = Block(self.heads)(x)
         return nn.Dense(self.vocab_size)(nn.LayerNorm()(x))
 
 
-def next_char_loss(apply_fn, params, tokens):
-    """Mean cross-entropy (nats) of predicting tokens[:, 1:] from tokens[:, :-1]."""
+def next_char_sums(apply_fn, params, tokens, mask):
+    """The summed cross-entropy (nats) of predicting tokens[:, 1:] from tokens[:, :-1]
+    where `mask[:, 1:]` is 1, and how many tokens that is."""
     logits = apply_fn({"params": params}, tokens[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+    weights = mask[:, 1:].astype(losses.dtype)
+    return (losses * weights).sum(), weights.sum()
 
 
 def step_fn(state: jm.TrainState, batch):
-    loss, grads = jax.value_and_grad(next_char_loss, argnums=1)(state.apply_fn, state.params, batch["tokens"])
-    return state.apply_gradients(grads=grads), {"loss": loss}
+    def loss_fn(params):
+        loss_sum, tokens = next_char_sums(state.apply_fn, params, batch["tokens"], batch["mask"])
+        return loss_sum / tokens, (loss_sum, tokens)
+
+    (_, (loss_sum, tokens)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return state.apply_gradients(grads=grads), {"loss_sum": loss_sum, "tokens": tokens}
 
 
 def eval_fn(state: jm.TrainState, batch):
-    return {"loss": next_char_loss(state.apply_fn, state.params, batch["tokens"])}
+    loss_sum, tokens = next_char_sums(state.apply_fn, state.params, batch["tokens"], batch["mask"])
+    return {"loss_sum": loss_sum, "tokens": tokens}
+
+
+#: The token-weighted loss of a window of steps, or of a whole evaluation, and its perplexity.
+LOSS = jm.Ratio("loss_sum", "tokens")
+PERPLEXITY = LOSS.then(np.exp)
+
+
+class Data(NamedTuple):
+    """The training rows, the validation batches and the alphabet."""
+
+    train: np.ndarray
+    val_batches: list[dict[str, np.ndarray]]
+    chars: list[str]
+    entropy: float
+
+
+def load_data(context: int, batch_size: int, eval_batches: int) -> Data:
+    """Rows of `context + 1` characters (inputs and, shifted by one, targets): the
+    training rows, and up to `eval_batches` validation batches of `batch_size` rows,
+    the last padded with masked rows when the rows run out."""
+    text = load_text()
+    chars = sorted(set(text))
+    index = {char: i for i, char in enumerate(chars)}
+    tokens = np.array([index[char] for char in text], np.int32)
+    split = int(0.9 * len(tokens))
+    train, val = windows(tokens[:split], context + 1), windows(tokens[split:], context + 1)
+    val = val[:eval_batches * batch_size - batch_size // 2]  # a last batch half full
+    batches = []
+    for start in range(0, len(val), batch_size):
+        rows = val[start:start + batch_size]
+        mask = np.zeros((batch_size, context + 1), np.int32)
+        mask[:len(rows)] = 1
+        padded = np.zeros((batch_size, context + 1), np.int32)
+        padded[:len(rows)] = rows
+        batches.append({"tokens": padded, "mask": mask})
+    return Data(train, batches, chars, unigram_entropy(tokens[:split]))
+
+
+def make_init_fn(model: CharTransformer, context: int):
+    """The state's `init_fn`: the same parameters every time (seed 0)."""
+    @jax.jit  # one compilation, instead of one small program per initialiser run eagerly
+    def init_fn() -> jm.TrainState:
+        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, context), jnp.int32))["params"]
+        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
+        return jm.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+    return init_fn
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "length"))
@@ -136,36 +199,22 @@ def main(argv: list[str] | None = None) -> None:
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="char_lm-"))
     logging.getLogger("jaxmon").setLevel(logging.INFO)  # show the hooks' lines
 
-    text = load_text()
-    chars = sorted(set(text))
+    data = load_data(args.context, args.batch_size, args.eval_batches)
+    chars, entropy = data.chars, data.entropy
     index = {char: i for i, char in enumerate(chars)}
-    tokens = np.array([index[char] for char in text], np.int32)
-    split = int(0.9 * len(tokens))
-    train_tokens, val_tokens = tokens[:split], tokens[split:]
-    entropy = unigram_entropy(train_tokens)
-    print(f"{len(text)} characters from {len(MODULES)} modules, {len(chars)} distinct; "
-          f"unigram entropy {entropy:.3f} nats/char")
-
-    # Each row holds context + 1 characters: the inputs and, shifted by one, the targets.
-    train = jm.ArrayDataSource({"tokens": windows(train_tokens, args.context + 1)}, args.batch_size, seed=0)
-    val_rows = windows(val_tokens, args.context + 1)[:args.eval_batches * args.batch_size]
-    val_batches = [{"tokens": rows} for rows in np.split(val_rows, len(val_rows) // args.batch_size)]
-
+    print(f"{len(data.train) * (args.context + 1)} training characters from {len(MODULES)} modules, "
+          f"{len(chars)} distinct; unigram entropy {entropy:.3f} nats/char")
+    train = jm.ArrayDataSource({"tokens": data.train, "mask": np.ones_like(data.train)}, args.batch_size, seed=0)
     model = CharTransformer(len(chars), args.context)
 
-    @jax.jit  # one compilation, instead of one small program per initialiser run eagerly
-    def init_fn() -> jm.TrainState:
-        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, args.context), jnp.int32))["params"]
-        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))
-        return jm.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
-
     every = max(args.steps // 4, 1)
-    evaluate = jm.EvalHook(eval_fn, val_batches, every_n_steps=every, output_dir=workdir)
+    evaluate = jm.EvalHook(eval_fn, data.val_batches, every_n_steps=every, output_dir=workdir, at_start=True,
+                           metrics={"loss": LOSS, "perplexity": PERPLEXITY})
     hooks = [jm.StopAtStepHook(last_step=args.steps), evaluate,
-             jm.SummarySaverHook(save_steps=max(every // 5, 1), output_dir=workdir),
-             jm.LoggingHook(["loss"], every_n_iter=every)]
-    with jm.MonitoredSession(step_fn, init_fn, data=train, hooks=hooks) as sess:
-        evaluate.evaluate(sess)  # the untrained model, for comparison
+             jm.SummarySaverHook(save_steps=max(every // 5, 1), output_dir=workdir, output_scalars=False,
+                                 summaries={"train/loss": LOSS, "train/perplexity": PERPLEXITY}),
+             jm.LoggingHook({"loss": LOSS, "perplexity": PERPLEXITY}, every_n_iter=every)]
+    with jm.MonitoredSession(step_fn, make_init_fn(model, args.context), data=train, hooks=hooks) as sess:
         while not sess.should_stop():
             sess.run()
         params = sess.state.params
@@ -180,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     print(sample)
     print("--- end ---")
 
-    history = [{"step": step, "loss": metrics["loss"]} for step, metrics in evaluate.history]
+    history = [{"step": step, "loss": metrics["loss"], "perplexity": metrics["perplexity"]}
+               for step, metrics in evaluate.history]
     (workdir / "summary.json").write_text(json.dumps(
         {"unigram_entropy": entropy, "vocab_size": len(chars), "steps": sess.step,
          "eval_compilations": evaluate.trace_count, "history": history, "sample": sample}, indent=1))

@@ -7,7 +7,9 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
+import pytest
 from helpers import cpu_env
 
 import jaxmon as jm
@@ -99,10 +101,29 @@ def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
     assert summary["eval_compilations"] == 1
     losses = [entry["loss"] for entry in summary["history"]]
     assert losses == sorted(losses, reverse=True)
-    # The EvalHook's values went to metrics.jsonl beside the training summaries.
+    # The EvalHook's values went to metrics.jsonl beside the training summaries: the
+    # token-weighted train loss and its perplexity, every 6 steps and at step 1.
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "eval/loss" in row] == [0, 30, 60, 90, 120]
-    assert any("loss" in row for row in rows)
+    train = [row for row in rows if "train/loss" in row]
+    assert [row["step"] for row in train] == [1, *range(6, 121, 6)]
+    assert all(row["train/perplexity"] == pytest.approx(np.exp(row["train/loss"]), rel=1e-6) for row in train)
+    # The evaluation at step 0 is Σ loss / Σ tokens over the same batches (the last one
+    # padded and masked), not a mean of the batches' own means.
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import char_lm
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    data = char_lm.load_data(64, 16, 8)
+    state = char_lm.make_init_fn(char_lm.CharTransformer(len(data.chars), 64), 64)()
+    sums = [jax.device_get(char_lm.next_char_sums(state.apply_fn, state.params, b["tokens"], b["mask"]))
+            for b in data.val_batches]
+    total = sum(np.float64(s) for s, _ in sums) / sum(np.float64(t) for _, t in sums)
+    assert len({float(t) for _, t in sums}) == 2  # unequal token counts
+    assert summary["history"][0]["loss"] == pytest.approx(total, rel=1e-6)
+    assert abs(np.mean([s / t for s, t in sums]) - total) > 1e-3
+    assert summary["history"][0]["perplexity"] == pytest.approx(np.exp(total), rel=1e-6)
     sample = re.search(r"--- sample ---\n(.*)\n--- end ---", result.stdout, re.DOTALL)
     assert sample, result.stdout
     assert sample[1] == summary["sample"] and sample[1].startswith("    def ") and len(sample[1]) == 108
