@@ -223,11 +223,11 @@ def check_trained(run_dir: pathlib.Path, stderr: str) -> None:
     assert step == meta["step"] == 1000
     np.testing.assert_allclose(np.ravel(state["params"]["w"]), [1.0, -2.0, 0.5], atol=0.05)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == list(range(1, 1000, 100))
-    assert [r["step"] for r in records if "global_step/sec" in r] == list(range(101, 1000, 100))
+    assert [r["step"] for r in records if "loss" in r] == [1, *range(100, 1001, 100)]  # step 1, then every 100
+    assert [r["step"] for r in records if "global_step/sec" in r] == list(range(100, 1001, 100))
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(run_dir))
     logged = re.findall(r"loss = [-\d.e]+, w_norm = ([\d.]+)", stderr)
-    assert len(logged) == 10 and abs(float(logged[-1]) - np.sqrt(5.25)) < 0.05
+    assert len(logged) == 11 and abs(float(logged[-1]) - np.sqrt(5.25)) < 0.05  # steps 1, 100, ..., 1000
 
 
 def test_the_monitored_training_session_script_trains_checkpoints_and_resumes(tmp_path):
