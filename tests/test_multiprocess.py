@@ -380,9 +380,9 @@ def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     assert sorted(run.rglob("metrics.jsonl")) == [run / "metrics.jsonl"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     loss_rows = {row["step"]: row["loss"] for row in rows if "loss" in row}
-    assert sorted(loss_rows) == [1, 6, 11, 16, 21, 26], rows  # save_summaries_steps=5
+    assert sorted(loss_rows) == [1, 5, 10, 15, 20, 25, 30], rows  # save_summaries_steps=5: step 1, then every 5
     # The default SummarySaverHook writes each output's mean since its previous write:
-    # the (global) losses of step 1, then steps 2-6, 7-11, ... as both processes saw them.
+    # the (global) losses of step 1, then steps 2-5, 6-10, ... as both processes saw them.
     bounds = [0, *sorted(loss_rows)]
     means = {hi: np.mean([p0["losses"][str(t)] for t in range(lo + 1, hi + 1)])
              for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)}
@@ -532,13 +532,13 @@ def test_end_of_data_on_one_process_between_agreement_points_stops_both_with_not
 
 def test_a_nan_between_agreement_points_raises_on_both_with_its_exact_step(main_run):
     # Process 1's batch of step 37 is NaN (so is the global loss). NanHook's check runs on
-    # the device; the read that sees it (NanHook's and the summaries' trigger at step 101)
+    # the device; the read that sees it (NanHook's and the summaries' trigger at step 100)
     # is an agreement point: both raise there, naming step 37.
     p0, p1 = both(main_run, "nan37")
     for result in (p0, p1):
         assert result["error_type"] == "NanLossDuringTrainingError", result
         assert result["error_step"] == 37 and "at step 37" in result["error"], result
-    assert p0["step"] == p1["step"] == 101
+    assert p0["step"] == p1["step"] == 100
     run = main_run.workdir / "nan37"
     assert jm.latest_checkpoint_step(run) < 37  # the save at close refused the NaN state
     restored = jm.restore_checkpoint(run, like=single_device_state())

@@ -18,6 +18,7 @@ from helpers import Counter, Plain
 import jaxmon as jm
 from jaxmon import _checkpoint
 from jaxmon._batches import BatchSource
+from jaxmon._metrics import Accumulators
 from jaxmon._state_life import Snapshot, StateLife, _hook_keys
 
 
@@ -82,7 +83,8 @@ def checkpoints(tmp_path_factory):
 def life(checkpoint_dir=None, hooks=(), data=None, init_fn=zero, state=None, initial_step=0, config=None):
     return StateLife(init_fn, state, placement=None, checkpoint_dir=checkpoint_dir, warm_start=None,
                      initial_step=initial_step, config=config, hooks=tuple(hooks),
-                     batches=BatchSource(data, 1, lambda step, limit: limit, prefetch=0), max_recoveries=0)
+                     batches=BatchSource(data, 1, lambda step, limit: limit, prefetch=0),
+                     accumulators=Accumulators(hooks, on_read=lambda step, read: None), max_recoveries=0)
 
 
 def create(state_life, recovering=None):
@@ -163,7 +165,7 @@ def test_the_saved_metadata_holds_the_versions_step_data_hooks_and_config(checkp
     assert meta["step"] == 2 and meta["data"] == {"i": 2} and meta["config"] == {"lr": 0.1}
     assert meta["hooks"]["Keeper"] == {"n": 2} and meta["hooks"]["Keeper#2"] == {"n": 102}
     assert meta["hooks"]["OldTimed"] == {"timer": {"last_step": 1}}
-    assert meta["hooks"]["CheckpointSaverHook"] == {"timer": {"last_step": 2}}
+    assert meta["hooks"]["CheckpointSaverHook"] == {"timer": {"last_step": 2, "waited": None}}  # a step timer
 
 
 # -- what a checkpoint holds -------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import numpy as np
 from jaxmon import _fetches
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
-from jaxmon._reductions import Mean, Reduction, check_reduce
 from jaxmon._paths import by_path
+from jaxmon._reductions import Mean, Reduction, check_reduce
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._timed import TimedHook
