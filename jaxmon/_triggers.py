@@ -192,6 +192,11 @@ class Every(SecondOrStepTimer):
             if self._last_step is None:
                 self._last_step = step
 
+    def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
+        if self._last_time is None and self._last_step is not None:  # restored by a hook that never started it
+            self.start(step)
+        return super().update_last_triggered_step(step)
+
     def should_trigger_for_step(self, step: int) -> bool:
         before = self._last_step or 0
         if step <= before:

@@ -195,8 +195,8 @@ def test_eval_metrics_are_reduced_over_the_whole_evaluation_set_and_at_start_eva
     assert [step for step, _ in hook.history] == [0, 4, 8]
     for step, metrics in hook.history:
         losses = [((b["x"].astype(np.float64) - step) ** 2)[b["mask"] > 0] for b in EVAL_BATCHES]
-        total = sum(l.sum() for l in losses) / sum(len(l) for l in losses)  # Σ loss / Σ tokens
-        by_rows = np.average([l.mean() for l in losses], weights=[len(b["x"]) for b in EVAL_BATCHES])
+        total = sum(loss.sum() for loss in losses) / sum(len(loss) for loss in losses)  # Σ loss / Σ tokens
+        by_rows = np.average([loss.mean() for loss in losses], weights=[len(b["x"]) for b in EVAL_BATCHES])
         assert metrics["loss"] == pytest.approx(total, rel=1e-6)
         assert metrics["ppl"] == pytest.approx(np.exp(total), rel=1e-6)
         assert metrics["batch_loss"] == pytest.approx(by_rows, rel=1e-6)  # unlisted: weighted by batch size
@@ -298,3 +298,16 @@ def test_the_schedule_is_absolute_and_reports_step_1_when_asked():
     assert again.get_state() == state
     again.start(3)
     assert again.next_trigger(3) == jm.Trigger(time=clock.t + 6.0, clock=clock)
+
+
+def test_a_restored_timer_that_its_hook_never_started_counts_from_its_restored_step():
+    from jaxmon._triggers import Every
+
+    clock = FakeClock()
+    timer = Every(every_steps=5, clock=clock)
+    timer.set_state({"last_step": 10, "waited": None})  # restored; the hook has no after_create_session
+    assert not timer.due(12)
+    clock.t += 3.0
+    assert timer.update_last_triggered_step(15) == (0.0, 5)  # seconds count from the first trigger
+    clock.t += 2.0
+    assert timer.due(20) and timer.get_state() == {"last_step": 20, "waited": None}

@@ -98,6 +98,8 @@ class EarlyStoppingHook(Hook):
         self.stopped_step = state.get("stopped_step")  # None in checkpoints written before it was kept
 
     def after_create_session(self, session) -> None:
+        if self.timer is not None:
+            self.timer.start(session.step)  # counts from the restored step (and time waited)
         if self.stopped_step is None:
             return
         if self._waited < max(self.patience, 1):  # a larger patience: the run goes on waiting
