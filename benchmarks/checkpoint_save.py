@@ -9,7 +9,11 @@ to the donation: a few ms per step on CPU (reported as ``normal_step_ms``).
 Each configuration ("variant") is one ``save_fn(saver, step, state)``: the only code
 that differs between variants. Variants: plain Orbax with its defaults, synchronous
 and asynchronous (the reference), and jaxmon's checkpoint writer (the one
-``CheckpointSaverHook`` saves through), synchronous and asynchronous. A saver is whatever its factory
+``CheckpointSaverHook`` saves through), synchronous and asynchronous, each also with
+its integrity manifest off (``*_unchecked``: ``Checkpoints(integrity=False)``, no CRC-32
+of the step's files written at the commit, so none checked at restore;
+jaxmon/_integrity.py). A last measurement times sealing and checking one such
+checkpoint alone (``integrity_median_ms``). A saver is whatever its factory
 builds for a directory; the harness only needs ``is_saving_in_progress()``,
 ``wait_until_finished()`` and ``close()`` on it, plus the variant's ``restore_fn``.
 
@@ -24,9 +28,10 @@ save into a fresh temporary directory, the saver built before the timing starts)
      lost    = (time from the start of save() to the committed checkpoint, with the K
      steps run meanwhile) - K * normal step. For a synchronous save the step loop
      runs once, so lost ~= the save() duration, as it should;
-  4. restore the checkpoint (after all those further donated steps) and compare it
-     bit-for-bit to the reference copy taken at save time: a save whose data the
-     donated steps overwrote while it was in flight fails the run.
+  4. restore the checkpoint (after all those further donated steps; timed as
+     ``restore_ms``, from the page cache, the integrity check included where it is on)
+     and compare it bit-for-bit to the reference copy taken at save time: a save whose
+     data the donated steps overwrote while it was in flight fails the run.
 Medians over rounds; ratios are to the synchronous default-Orbax save's blocked time.
 
 What an investigation of Orbax settings found (2 shared CPU cores, jax 0.10.2 CPU, orbax-checkpoint 0.12.8;
@@ -78,7 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxmon import _checkpoint
+from jaxmon import _checkpoint, _integrity
 
 N_MATRICES = 4
 SHAPE = (2048, 1024)  # 8 MiB per float32 array; x3 (param, mu, nu) x4 = 96 MiB
@@ -171,8 +176,9 @@ def restore_pytree(mgr: ocp.CheckpointManager, step: int):
 class JaxmonSaver:
     """jaxmon's own checkpoint writer (what CheckpointSaverHook saves through)."""
 
-    def __init__(self, directory: str, async_save: bool):
-        self.checkpoints = _checkpoint.Checkpoints(directory, writer=True, async_save=async_save, max_to_keep=None)
+    def __init__(self, directory: str, async_save: bool, integrity: bool = True):
+        self.checkpoints = _checkpoint.Checkpoints(directory, writer=True, async_save=async_save, max_to_keep=None,
+                                                   integrity=integrity)
 
     def is_saving_in_progress(self) -> bool:
         return self.checkpoints._manager.is_saving_in_progress()
@@ -202,6 +208,10 @@ def build_variants() -> list[Variant]:
                 "jaxmon's Checkpoints(async_save=False): pinned host copy, no compression, blocking"),
         Variant("jaxmon_async", lambda d: JaxmonSaver(d, async_save=True), save_jaxmon, restore_jaxmon,
                 "jaxmon's Checkpoints (CheckpointSaverHook's default): pinned host copy, no compression"),
+        Variant("jaxmon_sync_unchecked", lambda d: JaxmonSaver(d, async_save=False, integrity=False), save_jaxmon,
+                restore_jaxmon, "jaxmon_sync without the integrity manifest (none written, none checked)"),
+        Variant("jaxmon_async_unchecked", lambda d: JaxmonSaver(d, async_save=True, integrity=False), save_jaxmon,
+                restore_jaxmon, "jaxmon_async without the integrity manifest (none written, none checked)"),
     ]
 
 
@@ -249,18 +259,46 @@ def measure_once(variant: Variant, state, step_no: int, verify: bool):
         save_call = t1 - t0
         blocked = save_call + max(0.0, steps[0] - normal)
         lost = (t_end - t0) - len(steps) * normal
-        ok = None
+        ok = restore_s = None
         if verify:
-            restored = variant.restore_fn(saver, step_no)
+            t_restore = time.perf_counter()
+            restored = jax.block_until_ready(variant.restore_fn(saver, step_no))
+            restore_s = time.perf_counter() - t_restore
             ok = trees_equal(restored, ref)
         return state, {
             "normal_ms": normal * 1e3, "save_call_ms": save_call * 1e3,
             "next_step_ms": steps[0] * 1e3, "blocked_ms": blocked * 1e3,
             "lost_ms": lost * 1e3, "window_ms": (t_end - t0) * 1e3,
             "steps_in_window": len(steps), "restore_ok": ok,
+            "restore_ms": None if restore_s is None else restore_s * 1e3,
         }
     finally:
         saver.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def time_integrity(state, step_no: int, rounds: int) -> dict:
+    """Medians of sealing (writing the manifest) and checking one jaxmon checkpoint of
+    `state`, its files in the page cache, apart from any training: the CPU cost that
+    the save's commit and each restore pay."""
+    root = tempfile.mkdtemp(prefix="ckpt_bench_")
+    checkpoints = _checkpoint.Checkpoints(os.path.join(root, "ckpt"), writer=True, async_save=False)
+    try:
+        checkpoints.save(step_no, state, meta_for(step_no))
+        step_directory = os.path.join(checkpoints.directory, str(step_no))
+        seal, check = [], []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            _integrity.seal(step_directory)
+            seal.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _integrity.check(step_directory)
+            check.append(time.perf_counter() - t)
+        sealed = sum(os.path.getsize(os.path.join(step_directory, name)) for name in _integrity._files(step_directory))
+        return {"sealed_mb": round(sealed / 1e6, 1), "seal_ms": round(statistics.median(seal) * 1e3, 1),
+                "check_ms": round(statistics.median(check) * 1e3, 1)}
+    finally:
+        checkpoints.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -317,6 +355,8 @@ def main(argv=None) -> int:
         row["steps_in_window"] = med(n, "steps_in_window")
         row["blocked_vs_sync"] = round(row["blocked_ms"] / sync_blocked, 3)
         row["lost_vs_sync"] = round(row["lost_ms"] / sync_blocked, 3)
+        if not args.no_verify:
+            row["restore_ms"] = round(med(n, "restore_ms"), 1)
         oks = [r["restore_ok"] for r in per[n] if r["restore_ok"] is not None]
         row["restore_exact"] = f"{sum(oks)}/{len(oks)}"
         if args.per_round:
@@ -333,6 +373,7 @@ def main(argv=None) -> int:
         "elapsed_s": round(time.perf_counter() - t_start, 1),
         "targets": {"async_blocked_vs_sync": 0.2, "async_lost_vs_sync": 0.5},
         "results_median_ms": results,
+        "integrity_median_ms": time_integrity(state, step_no, args.rounds),
     }
     print(json.dumps(out, indent=2))
     bad = [n for n in names if results[n]["restore_exact"].split("/")[0] != results[n]["restore_exact"].split("/")[1]]

@@ -2,7 +2,7 @@
 
 from jaxmon import datasets, distributed, models
 from jaxmon._agree import PeerError
-from jaxmon._checkpoint import Restored, WarmStartReport, checkpoints_iterator, restore_checkpoint
+from jaxmon._checkpoint import Restored, checkpoints_iterator, restore_checkpoint
 from jaxmon._data import ArrayDataSource
 from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
 from jaxmon._experiment import train_experiment
@@ -23,6 +23,7 @@ from jaxmon._session import MonitoredSession
 from jaxmon._state import TrainState
 from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
 from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
+from jaxmon._warm_start import WarmStartReport
 from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
 from jaxmon.hooks import (
     CheckpointSaverHook,

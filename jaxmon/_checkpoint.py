@@ -5,7 +5,8 @@ A jaxmon checkpoint is an Orbax `CheckpointManager` step directory with two item
 as `{"leaf": array}`) and `meta` (JSON: the step, versions, the data iterator's
 position, the hooks' own state, the config). Orbax writes each step
 into a temporary directory and renames it when complete, so a checkpoint cut off by
-SIGKILL is never listed, never loaded.
+SIGKILL is never listed, never loaded. Each step directory also records the CRC-32 of
+its files, checked before a restore (`_integrity`): a checkpoint changed since is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxmon._paths import path_name
+from jaxmon import _integrity
 
 logger = logging.getLogger("jaxmon")
 
@@ -82,55 +83,6 @@ def abstract_like(state: Any) -> Any:
     return jax.tree.map(leaf, state)
 
 
-class WarmStartReport(NamedTuple):
-    """What a warm start took from its checkpoint, by leaf path ("params/Dense_0/kernel")."""
-
-    source: str
-    restored: list[str]
-    fresh: list[str]  # not in the checkpoint: left as init_fn made them
-    mismatched: list[str]  # in the checkpoint with another shape or dtype: left fresh
-    unused: list[str]  # in the checkpoint, not in the state
-    skipped: tuple[str, ...] = ()  # training bookkeeping (optimizer state, step, rng): never warm-started
-
-
-#: In a state with `params` at its top level (a TrainState), these parts are training
-#: bookkeeping, which a warm start leaves fresh: TF's warm start took the model's
-#: variables, not the optimizer's slots or the global step.
-BOOKKEEPING = ("opt_state", "step", "rng")
-
-
-def warm_start(state: Any, source: str | os.PathLike | Callable[[Any], Any]) -> tuple[Any, WarmStartReport | None]:
-    """Applies `warm_start` to a freshly initialised state (see `MonitoredSession`)."""
-    if callable(source):
-        return source(state), None
-    saved = restore_checkpoint(source).state
-    by_path = {path_name(path): value for path, value in jax.tree_util.tree_flatten_with_path(saved)[0]}
-    restored, fresh, mismatched, skipped, leaves = [], [], [], [], []
-    paths, tree = jax.tree_util.tree_flatten_with_path(state)
-    model_only = any(path_name(path[:1]) == "params" for path, _ in paths)
-    for path, leaf in paths:
-        name = path_name(path)
-        value = by_path.pop(name, None)
-        if model_only and path_name(path[:1]) in BOOKKEEPING:
-            skipped.append(name)
-            value = None
-        elif value is None:
-            fresh.append(name)
-        elif value.shape != leaf.shape or value.dtype != leaf.dtype:
-            mismatched.append(f"{name} (checkpoint {value.dtype}{list(value.shape)}, state {leaf.dtype}"
-                              f"{list(leaf.shape)})")
-            value = None
-        else:
-            restored.append(name)
-            value = jax.device_put(value, getattr(leaf, "sharding", None))
-        leaves.append(leaf if value is None else value)
-    report = WarmStartReport(os.fspath(source), restored, fresh, mismatched, sorted(by_path), tuple(skipped))
-    logger.info("Warm start from %s: restored %d leaves %s; left fresh %s; shape or dtype differs %s; "
-                "not in the state %s; optimizer state, step and rng left fresh %s.", report.source,
-                len(restored), restored, fresh, mismatched, report.unused, skipped)
-    return jax.tree.unflatten(tree, leaves), report
-
-
 def versions() -> dict[str, str]:
     """The format and versions a checkpoint records, and when it was written."""
     try:
@@ -172,12 +124,13 @@ class Checkpoints:
 
     As a writer (`writer=True`), it holds an exclusive lock on the directory (a file
     lock the OS drops when the process dies, even by SIGKILL), so that two runs never
-    interleave their checkpoints; only process 0 takes it.
+    interleave their checkpoints; only process 0 takes it. `integrity=False` saves without
+    the CRC-32 manifest (`_integrity`): those checkpoints restore unchecked.
     """
 
     def __init__(self, directory: str | os.PathLike, *, writer: bool = False, async_save: bool = True,
                  max_to_keep: int | None = None, keep_period: int | None = None,
-                 keep_best: int | None = None, best_mode: str = "min"):
+                 keep_best: int | None = None, best_mode: str = "min", integrity: bool = True):
         self.directory = os.path.abspath(os.fspath(directory))
         self.writer = writer
         self._lock_fd: int | None = None
@@ -191,8 +144,11 @@ class Checkpoints:
         if keep_best is not None:
             keep.append(policies.BestN(get_metric_fn=lambda metrics: metrics["best"], n=keep_best,
                                        reverse=best_mode == "min", keep_checkpoints_without_metrics=False))
+        self._async, self._sealed = async_save and writer, integrity  # sealed as Orbax commits a step
+        seal = ocp.AsyncOptions(post_finalization_callback=lambda: _integrity.seal_step(self.directory, self._saving))
         options = ocp.CheckpointManagerOptions(  # a reader never saves (Orbax's read_only only adds warnings)
-            enable_async_checkpointing=async_save and writer,
+            enable_async_checkpointing=self._async,
+            async_options=seal if self._async and integrity else None,
             preservation_policy=policies.AnyPreservationPolicy(keep) if writer else None,
             create=writer,
             save_root_metadata=writer,
@@ -237,6 +193,8 @@ class Checkpoints:
         except Exception as error:
             self._failure = self._save_error(error)
             raise self._failure from error
+        if self._sealed and not self._async and jax.process_index() == 0:  # committed already
+            _integrity.seal_step(self.directory, step)
 
     def wait(self, timeout: float | None = None) -> None:
         """Waits for the save in flight (at most `timeout` seconds) and raises its error."""
@@ -336,6 +294,7 @@ class Checkpoints:
         return sorted(self._manager.all_steps())
 
     def restore(self, step: int, like: Any) -> Restored:
+        _integrity.check(os.path.join(self.directory, str(step)))  # raises CheckpointChangedError
         if like is None:
             like = self._default_target(step)
         restored = self._manager.restore(step, args=_restore_args(like))
@@ -366,14 +325,18 @@ class Checkpoints:
         for step in reversed(self.steps()):
             try:
                 restored = self.restore(step, like)
+            except _integrity.CheckpointChangedError as error:
+                logger.warning("Checkpoint %d in %s is refused: %s; trying the one before it.",
+                               step, self.directory, error.what)
+                failures.append((step, error))
+                continue
             except Exception as error:
                 logger.error("Checkpoint %s/%d does not restore (%r); trying the one before it.",
                              self.directory, step, error)
                 failures.append((step, error))
                 continue
-            if failures:
-                logger.warning("Restored checkpoint %d of %s instead of the broken %s.",
-                               step, self.directory, [s for s, _ in failures])
+            if broken := [s for s, e in failures if not isinstance(e, _integrity.CheckpointChangedError)]:
+                logger.warning("Restored checkpoint %d of %s instead of the broken %s.", step, self.directory, broken)
             return restored
         if failures:
             listed = "; ".join(f"step {s}: {e!r}" for s, e in failures)

@@ -20,13 +20,13 @@ import jax
 
 from jaxmon import _agree, _errors, _fetches, _sharding
 from jaxmon._batches import BatchSource, as_run
-from jaxmon._checkpoint import WarmStartReport
 from jaxmon._dispatch import Dispatch
 from jaxmon._hook import Hook
 from jaxmon._hook_runner import HookRunner
 from jaxmon._metrics import Accumulators
 from jaxmon._state_life import Snapshot, StateLife
 from jaxmon._stopping import Preemption, Stopping
+from jaxmon._warm_start import WarmStartReport
 
 logger = logging.getLogger("jaxmon")
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxmon import _checkpoint, _errors, _sharding, _writers
+from jaxmon import _checkpoint, _errors, _sharding, _warm_start, _writers
 from jaxmon._batches import BatchSource
 from jaxmon._hook import Hook, Saver
 from jaxmon._metrics import Accumulators
@@ -69,7 +69,7 @@ class StateLife:
         self.max_recoveries = max_recoveries
         #: The step of the checkpoint the session was created from (None: a fresh start).
         self.restored_step: int | None = None
-        self.warm_start_report: _checkpoint.WarmStartReport | None = None
+        self.warm_start_report: _warm_start.WarmStartReport | None = None
         #: Why the current state must not be saved (None: it may be).
         self.rejected: str | None = None
         #: True when the last creation set the data back to a checkpoint's position.
@@ -107,7 +107,7 @@ class StateLife:
         else:
             state, step = self._init_fn(), self._initial_step
             if self._warm_start is not None:
-                state, self.warm_start_report = _checkpoint.warm_start(state, self._warm_start)
+                state, self.warm_start_report = _warm_start.warm_start(state, self._warm_start)
             state = unaliased(state)
         return (state if self._placement is not None else committed(state)), step
 
@@ -151,10 +151,10 @@ class StateLife:
         """What a checkpoint of `state` at `step` holds, or None (logged) when it must
         not be saved. `sync()` delivers the late hooks first (a NaN check may reject
         the state), and every summary writer is flushed: the records of every step up
-        to `step` are on disk before the checkpoint is. With several processes (`peers`, the session's `AgreedRuns`), every
-        process saves or none does, a late hook's error is raised once every process
-        knows, and the checkpoint keeps every process's data position (each reads its
-        own shard) as `data_by_process`."""
+        to `step` are on disk before the checkpoint is. With several processes
+        (`peers`, the session's `AgreedRuns`), every process saves or none does, a late
+        hook's error is raised once every process knows, and the checkpoint keeps every
+        process's data position (each reads its own shard) as `data_by_process`."""
         agree_all = bool if peers is None else peers.all
         error = None
         try:

@@ -27,6 +27,7 @@ import pytest
 from helpers import RecordingHook, count_step, cpu_env, zero
 
 import jaxmon as jm
+from jaxmon import _integrity
 from jaxmon._checkpoint import complete_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,9 +224,12 @@ def state_files(directory, step):
 
 
 def break_checkpoint(directory, step):
+    """Cuts the step's state files short, and drops its integrity manifest: what Orbax
+    itself fails to read (tests/test_integrity.py has the refusal by the manifest)."""
     for path in state_files(directory, step):
         with open(path, "r+b") as f:
             f.truncate(5)
+    os.remove(os.path.join(directory, str(step), _integrity.MANIFEST))
 
 
 def assert_state(state, plus):
@@ -807,6 +811,7 @@ def test_hook_states_saved_under_position_keys_are_still_restored(tmp_path):
     meta = json.loads(step_dir.read_text())
     meta["hooks"] = {"1:StopAtStepHook": {"last_step": 4}}
     step_dir.write_text(json.dumps(meta))
+    os.remove(directory / "4" / _integrity.MANIFEST)  # as written then: no manifest, restored unchecked
     stop = jm.StopAtStepHook(num_steps=100)  # would train on to 104 without its saved state
     with jm.MonitoredSession(add_one, init_fn, hooks=[jm.CheckpointSaverHook(directory, save_steps=4), stop]) as sess:
         assert sess.restored_step == 4

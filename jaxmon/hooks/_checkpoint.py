@@ -80,6 +80,10 @@ class CheckpointSaverHook(TimedHook):
         kept only while it is among the latest.
       best_mode: "min" or "max".
       async_save: write in the background (default) or block until written.
+      integrity: record the size and CRC-32 of each checkpoint's files as it commits
+        (default), so that a restore refuses one whose bytes changed since and uses
+        the one before it. False saves one read of the checkpoint per save (about
+        50 ms per 100 MB); those checkpoints restore unchecked.
       clock: an injectable time function (tests pass a fake).
 
     Example:
@@ -92,7 +96,7 @@ class CheckpointSaverHook(TimedHook):
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (), *,
                  max_to_keep: int | None = 5, keep_period: int | None = None, keep_best: int | None = None,
                  best_metric: str | Callable[[Any], float] | None = None, best_mode: str = "min",
-                 async_save: bool = True, clock: Callable[[], float] = time.monotonic):
+                 async_save: bool = True, integrity: bool = True, clock: Callable[[], float] = time.monotonic):
         if not isinstance(checkpoint_dir, (str, os.PathLike)) or not os.fspath(checkpoint_dir):
             raise ValueError(f"CheckpointSaverHook checkpoint_dir must be a directory path; got {checkpoint_dir!r}.")
         self.timer = timer_for("CheckpointSaverHook", clock, save_steps=save_steps, save_secs=save_secs)
@@ -115,7 +119,7 @@ class CheckpointSaverHook(TimedHook):
         self.checkpoint_dir = os.fspath(checkpoint_dir)
         self.async_save = async_save
         self._options = dict(async_save=async_save, max_to_keep=max_to_keep, keep_period=keep_period,
-                             keep_best=keep_best, best_mode=best_mode)
+                             keep_best=keep_best, best_mode=best_mode, integrity=integrity)
         self.best_metric = best_metric
         self._checkpoints: _checkpoint.Checkpoints | None = None
         self._grace: float | None = None
