@@ -18,6 +18,7 @@ import importlib.metadata
 import io
 import json
 import logging
+import operator
 import os
 import re
 import socket
@@ -142,9 +143,9 @@ class Checkpoints:
         if keep_period is not None:
             keep.append(policies.EveryNSteps(keep_period))
         if keep_best is not None:
-            keep.append(policies.BestN(get_metric_fn=lambda metrics: metrics["best"], n=keep_best,
+            keep.append(policies.BestN(get_metric_fn=operator.itemgetter("best"), n=keep_best,
                                        reverse=best_mode == "min", keep_checkpoints_without_metrics=False))
-        self._async, self._sealed = async_save and writer, integrity  # sealed as Orbax commits a step
+        self._async, self._sealed, self._best_mode = async_save and writer, integrity, best_mode
         seal = ocp.AsyncOptions(post_finalization_callback=lambda: _integrity.seal_step(self.directory, self._saving))
         options = ocp.CheckpointManagerOptions(  # a reader never saves (Orbax's read_only only adds warnings)
             enable_async_checkpointing=self._async,
@@ -152,6 +153,8 @@ class Checkpoints:
             preservation_policy=policies.AnyPreservationPolicy(keep) if writer else None,
             create=writer,
             save_root_metadata=writer,
+            # Orbax writes STEP/metrics/metrics only with a best_fn: a resume ranks the earlier ones by it
+            best_fn=operator.itemgetter("best") if keep_best is not None else None, best_mode=best_mode,
         )
         # On CPU, the state's arrays are copied to host memory for real before save()
         # returns: Orbax would otherwise keep views of them, and the next step could not
@@ -186,7 +189,7 @@ class Checkpoints:
             os.rename(existing, aside)
             self._manager.reload()
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
-        metrics = None if best is None else {"best": float(best)}
+        metrics = None if best is None else {"best": float(best), "mode": self._best_mode}  # read by inspect
         self._saving = step
         try:
             self._manager.save(step, args=args, metrics=metrics, force=True)

@@ -189,23 +189,29 @@ def test_inspect_ranks_checkpoints_by_the_metric_orbax_keeps_with_them(tmp_path,
     assert lines[3].endswith("best_metric 0.9  (best)") and lines[4].endswith("best_metric 0.7  (#2)")
 
 
-def test_inspect_of_a_run_that_keeps_the_best_marks_it(tmp_path, capsys):
-    losses = jnp.asarray([9.0, 5.0, 1.0, 4.0, 6.0, 2.0, 7.0, 8.0, 9.0], jnp.float32)
+def test_inspect_of_a_run_that_keeps_the_best_marks_it_and_a_resume_keeps_them(tmp_path, capsys):
+    losses = jnp.asarray([9.0, 5.0, 1.0, 4.0, 6.0, 2.0, 7.0, 8.0, 9.0, 9.5, 9.7], jnp.float32)
 
     def step_fn(state, batch):
         state = state + 1
         return state, {"loss": losses[state]}
 
-    saver = jm.CheckpointSaverHook(tmp_path, save_steps=1, max_to_keep=2, keep_best=2, best_metric="loss")
-    with jm.MonitoredSession(step_fn, zero, hooks=[saver, jm.StopAtStepHook(last_step=8)]) as sess:
-        run_loop(sess)
+    def train(last_step):
+        saver = jm.CheckpointSaverHook(tmp_path, save_steps=1, max_to_keep=2, keep_best=2, best_metric="loss")
+        with jm.MonitoredSession(step_fn, zero, hooks=[saver, jm.StopAtStepHook(last_step=last_step)]) as sess:
+            run_loop(sess)
+
+    train(8)
     assert complete_steps(tmp_path) == [2, 5, 7, 8]  # the two best (losses 1 and 2) and the two latest
-    if not (tmp_path / "2" / "metrics" / "metrics").exists():
-        pytest.xfail("jaxmon/_checkpoint.py keeps no best_metric on disk: Orbax writes STEP/metrics/metrics only "
-                     "when CheckpointManagerOptions has best_fn (and a rerun then deletes the kept-best checkpoints)")
+    assert json.loads((tmp_path / "2" / "metrics" / "metrics").read_text()) == {"best": 1.0, "mode": "min"}
     info = _cli.run_info(str(tmp_path))
     assert [(c["step"], c["best_metric"], c["best_rank"]) for c in info["checkpoints"]] == [
         (2, 1.0, 1), (5, 2.0, 2), (7, 8.0, 3), (8, 9.0, 4)]
     assert _cli.main(["inspect", str(tmp_path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["checkpoints"]
     assert [c["best_rank"] for c in shown] == [1, 2, 3, 4] and shown[0]["best_mode"] == "min"
+
+    train(10)  # a resumed run ranks the earlier checkpoints by their metric on disk: the best two stay
+    assert complete_steps(tmp_path) == [2, 5, 9, 10]
+    assert [(c["step"], c["best_rank"]) for c in _cli.run_info(str(tmp_path))["checkpoints"]] == [
+        (2, 1), (5, 2), (9, 3), (10, 4)]
