@@ -253,6 +253,18 @@ def test_periodic_hook_fires_on_the_steps_it_fires_on_with_one_step_per_run():
     assert lengths.lengths == [4, 2, 1] * 5 + [4, 1]  # runs end on 7, 14, ..., 35, then 39, 40
 
 
+def test_logging_every_4_iterations_logs_at_steps_1_4_8_12_whatever_the_steps_per_dispatch():
+    logged = {}
+    for k in (1, 8):
+        lines = logged[k] = []  # the loss is the step number: reduce="last" logs the step it logged at
+        hook = jm.LoggingHook(["loss"], every_n_iter=4, reduce="last",
+                              formatter=lambda values, lines=lines: lines.append(float(values["loss"])) or "")
+        sess, _ = train([hook], last_step=24, k=k)
+        assert sess.step == 24
+    assert logged[1] == [1.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0]  # counted in steps, not runs
+    assert logged[8] == logged[1]
+
+
 # -- 3: compilations --------------------------------------------------------------------------
 
 
