@@ -142,19 +142,20 @@ class Checkpoints:
         keep: list[Any] = [policies.LatestN(max_to_keep)]  # the latest is never deleted
         if keep_period is not None:
             keep.append(policies.EveryNSteps(keep_period))
+        best_of = operator.itemgetter("best")  # of the metrics save() records
         if keep_best is not None:
-            keep.append(policies.BestN(get_metric_fn=operator.itemgetter("best"), n=keep_best,
+            keep.append(policies.BestN(get_metric_fn=best_of, n=keep_best,
                                        reverse=best_mode == "min", keep_checkpoints_without_metrics=False))
         self._async, self._sealed, self._best_mode = async_save and writer, integrity, best_mode
-        seal = ocp.AsyncOptions(post_finalization_callback=lambda: _integrity.seal_step(self.directory, self._saving))
         options = ocp.CheckpointManagerOptions(  # a reader never saves (Orbax's read_only only adds warnings)
             enable_async_checkpointing=self._async,
-            async_options=seal if self._async and integrity else None,
+            async_options=ocp.AsyncOptions(post_finalization_callback=lambda: _integrity.seal_step(
+                self.directory, self._saving)) if self._async and integrity else None,
             preservation_policy=policies.AnyPreservationPolicy(keep) if writer else None,
             create=writer,
             save_root_metadata=writer,
             # Orbax writes STEP/metrics/metrics only with a best_fn: a resume ranks the earlier ones by it
-            best_fn=operator.itemgetter("best") if keep_best is not None else None, best_mode=best_mode,
+            best_fn=best_of if keep_best is not None else None, best_mode=best_mode,
         )
         # On CPU, the state's arrays are copied to host memory for real before save()
         # returns: Orbax would otherwise keep views of them, and the next step could not
