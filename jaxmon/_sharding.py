@@ -40,10 +40,12 @@ class Placement:
 
     Args:
       mesh: the `jax.sharding.Mesh` the state and batches live on.
-      state_sharding: how to shard the state: None (replicated on every device), one
-        `PartitionSpec` / `NamedSharding` for every leaf, a pytree of them that is a
-        prefix of the state's (e.g. `{"params": P(), "opt": P()}`), or a function
-        `abstract_state -> such a pytree`.
+      state_sharding: how to shard the state: None (each leaf keeps the
+        `NamedSharding` on `mesh` that `init_fn` gave it, e.g. with
+        `jax.jit(init, out_shardings=...)`; other leaves are replicated on every
+        device), one `PartitionSpec` / `NamedSharding` for every leaf, a pytree of
+        them that is a prefix of the state's (e.g. `{"params": P(), "opt": P()}`), or
+        a function `abstract_state -> such a pytree`.
       batch_sharding: the same for the batch; None shards the leading axis of every
         batch array over all the mesh's axes (data parallelism) and replicates scalars.
     """
@@ -55,6 +57,11 @@ class Placement:
         self.mesh = mesh
         self._state_spec = state_sharding
         self._batch_spec = batch_sharding
+
+    @property
+    def keeps_shardings(self) -> bool:
+        """Whether the state keeps the shardings `init_fn` gives it (no `state_sharding`)."""
+        return self._state_spec is None
 
     @property
     def replicated(self) -> NamedSharding:
@@ -86,8 +93,19 @@ class Placement:
             raise ValueError(f"{what} must be a PartitionSpec, or a pytree of them shaped like the {what[:5]} "
                              f"(or a prefix of it); its structure does not match: {error}") from None
 
+    def _kept(self, leaf: Any) -> NamedSharding:
+        """The sharding a leaf came with if it is a `NamedSharding` on this mesh's
+        devices (as `init_fn` placed it), else replicated."""
+        sharding = getattr(leaf, "sharding", None)
+        if (isinstance(sharding, NamedSharding) and sharding.mesh.axis_names == self.mesh.axis_names
+                and np.array_equal(getattr(sharding.mesh, "devices", None), self.mesh.devices)):
+            return sharding if sharding.mesh == self.mesh else NamedSharding(self.mesh, sharding.spec)
+        return self.replicated
+
     def state_shardings(self, state: Any) -> Any:
         """One NamedSharding per leaf of `state` (arrays or ShapeDtypeStructs)."""
+        if self._state_spec is None:
+            return jax.tree.map(self._kept, state)
         return self._expand(self._state_spec, state, "state_sharding")
 
     def place_state(self, state: Any) -> Any:
@@ -103,15 +121,37 @@ class Placement:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract, self.state_shardings(abstract))
 
-    def place_batch(self, batch: Any) -> Any:
-        """A global batch from this process's part of it (all of it with one process)."""
+    def place_batch(self, batch: Any, steps: int = 1) -> Any:
+        """A global batch from this process's part of it (all of it with one process).
+
+        Args:
+          batch: one step's batch; with `steps` > 1, the batches of a multi-step run,
+            stacked on a new leading axis or as a list (see `_batches.as_run`).
+          steps: how many steps `batch` holds. A stacked batch `(steps, batch, ...)`
+            keeps its steps axis whole on every device and has each step's part sharded
+            as one step's batch is: `batch_sharding` with None prepended.
+
+        Returns:
+          `batch` as global arrays on the mesh (a list stays a list).
+        """
+        if steps > 1 and isinstance(batch, list):
+            return [self.place_batch(item) for item in batch]
+        if steps == 1:
+            return jax.tree.map(_place_leaf, batch, self._batch_shardings(batch))
+        shardings = self._batch_shardings(jax.tree.map(_one_of_stacked, batch))
+        return jax.tree.map(lambda leaf, one: _place_leaf(leaf, self._with_steps_axis(one)), batch, shardings)
+
+    def _batch_shardings(self, batch: Any) -> Any:
+        """One NamedSharding per leaf of one step's `batch` (arrays or ShapeDtypeStructs)."""
         if self._batch_spec is None:
             data = NamedSharding(self.mesh, PartitionSpec(tuple(self.mesh.axis_names)))
             replicated = NamedSharding(self.mesh, PartitionSpec())
-            shardings = jax.tree.map(lambda leaf: data if np.ndim(leaf) else replicated, batch)
-        else:
-            shardings = self._expand(self._batch_spec, batch, "batch_sharding")
-        return jax.tree.map(_place_leaf, batch, shardings)
+            return jax.tree.map(lambda leaf: data if np.ndim(leaf) else replicated, batch)
+        return self._expand(self._batch_spec, batch, "batch_sharding")
+
+    def _with_steps_axis(self, sharding: NamedSharding) -> NamedSharding:
+        """`sharding` of one step's leaf, for the leaf stacked on a leading steps axis."""
+        return NamedSharding(self.mesh, PartitionSpec(None, *sharding.spec))
 
 
 def _global_from_whole(leaf: Any, sharding: NamedSharding) -> jax.Array:
@@ -120,6 +160,12 @@ def _global_from_whole(leaf: Any, sharding: NamedSharding) -> jax.Array:
     whole = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
                        else leaf)
     return jax.make_array_from_callback(whole.shape, sharding, lambda index: whole[index])
+
+
+def _one_of_stacked(leaf: Any) -> jax.ShapeDtypeStruct:
+    """One step's part of a leaf stacked on a leading steps axis, as a shape and dtype."""
+    dtype = getattr(leaf, "dtype", None)
+    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], np.result_type(leaf) if dtype is None else dtype)
 
 
 def _place_leaf(leaf: Any, sharding: NamedSharding) -> jax.Array:

@@ -119,7 +119,8 @@ class StateLife:
                 saver.wait_until_finished()
         if self._like is None:
             self._like = (_restore_target(self._init_fn) if self._placement is None
-                          else self._placement.like(jax.eval_shape(self._make_state)))
+                          else self._placement.like(_abstract_state(self._make_state,
+                                                                    shardings=self._placement.keeps_shardings)))
         checkpoints = _checkpoint.Checkpoints(self.checkpoint_dir)
         try:
             return checkpoints.restore_latest(self._like)
@@ -257,15 +258,29 @@ def committed(state: Any) -> Any:
 
 
 def _restore_target(init_fn: Callable[[], Any]) -> Any:
-    """The shapes, dtypes and shardings of the state `init_fn` builds, to restore into.
+    """The shapes, dtypes and shardings of the state `init_fn` builds, to restore into."""
+    return _checkpoint.abstract_like(_abstract_state(init_fn))
+
+
+def _abstract_state(init_fn: Callable[[], Any], shardings: bool = True) -> Any:
+    """The state `init_fn` builds, as shapes, dtypes and (with `shardings`) shardings
+    where tracing it tells them all, else built for real, once.
 
     `jax.eval_shape` builds nothing, but it loses shardings that `init_fn` sets with
-    `jax.device_put` (those of a jitted `init_fn` with `out_shardings` survive); with
-    several devices and a sharding lost, `init_fn` runs for real, once."""
-    abstract = jax.eval_shape(init_fn)
-    if jax.device_count() > 1 and any(getattr(leaf, "sharding", None) is None for leaf in jax.tree.leaves(abstract)):
-        return _checkpoint.abstract_like(init_fn())
-    return _checkpoint.abstract_like(abstract)
+    `jax.device_put` (those of a jitted `init_fn` with `out_shardings` survive), and it
+    cannot trace an `init_fn` that must run outside of `jit` (one that enters
+    `jax.set_mesh`, say): then `init_fn` runs as on a fresh start."""
+    try:
+        abstract = jax.eval_shape(init_fn)
+    except Exception as error:  # noqa: BLE001 - any failure to trace: running it is the fallback
+        logger.info("To restore a checkpoint, init_fn is traced (jax.eval_shape) for the state's shapes; that "
+                    "failed (%s: %s), so it runs once instead, as on a fresh start.",
+                    type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        return init_fn()
+    if shardings and jax.device_count() > 1 and any(getattr(leaf, "sharding", None) is None
+                                                    for leaf in jax.tree.leaves(abstract)):
+        return init_fn()
+    return abstract
 
 
 def _savers(hooks: tuple[Hook, ...]) -> list[Saver]:
