@@ -7,6 +7,7 @@ from jaxmon._data import ArrayDataSource
 from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
 from jaxmon._experiment import train_experiment
 from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
+from jaxmon._experiment.tasks import Task, TaskContext
 from jaxmon._hook import (
     Hook,
     RunArgs,
@@ -97,6 +98,8 @@ __all__ = [
     "StepCounterHook",
     "StopAtStepHook",
     "Sum",
+    "Task",
+    "TaskContext",
     "SummarySaverHook",
     "SummaryWriter",
     "SummaryWriterCache",

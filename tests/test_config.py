@@ -153,7 +153,7 @@ def test_an_experiment_config_with_an_unknown_section_is_an_error(tmp_path):
     (lambda c: c["optimizer"].update(name="adamm"), "'adamm' is not an optax function"),
     (lambda c: c["hooks"].append({"name": "EvalHok"}), "Did you mean 'EvalHook'"),
     (lambda c: c["hooks"].append({"every_n_steps": 3}), "hooks.3 must be a dict with a name"),
-    (lambda c: c.update(task="ranking"), "task must be 'classification', 'regression'"),
+    (lambda c: c.update(task="ranking"), "task must be one of 'classification', 'regression', 'lm'"),
     (lambda c: c["session"].update(save_checkpoint_secs=5), "Can not provide both"),
     (lambda c: c["data"].update(source="jaxmon.nowhere:data"), "cannot import 'jaxmon.nowhere'"),
 ])

@@ -8,19 +8,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from jaxmon import _loaders
 from jaxmon._checkpoint import DirectoryInUseError
 from jaxmon._data import ArrayDataSource
+from jaxmon._experiment import tasks
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import TOP_LEVEL, check_top_level, get_key, pop_key, resolve
+from jaxmon._experiment.mesh import Layout, layout_of, mesh_of
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
-from jaxmon._experiment.sections import hooks_of, optimizer_of, session_args_of, task_of
-from jaxmon._state import TrainState
+from jaxmon._experiment.sections import hooks_of, optimizer_of, session_args_of
 from jaxmon._training import MonitoredTrainingSession
+from jaxmon.hooks import EvalHook
 
 __all__ = ["SAME_RUN", "TOP_LEVEL", "train_experiment", "use_compilation_cache"]
 
@@ -41,10 +42,17 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
         for `source`. Either loader resumes exactly;
       - `model`: `name` (import path of a Flax linen module) and its arguments;
       - `task`: "classification" (softmax cross-entropy and accuracy on integer
-        labels), "regression" (mean squared error), or the import path of
-        `fn(predictions, batch) -> (loss, {metric: value})`;
+        labels), "regression" (mean squared error), "lm" (next-token cross-entropy
+        on `y`, 0 is padding; token-weighted eval loss, perplexity and accuracy), the
+        import path of `fn(predictions, batch) -> (loss, {metric: value})`, or that of
+        a user's `make_task(context) -> jm.Task` (see `jm.Task`, `jm.TaskContext`);
       - `optimizer`: `name` of an optax optimizer and its arguments (a
-        `learning_rate` may itself be `{"name": <optax schedule>, ...}`);
+        `learning_rate` may itself be `{"name": <optax schedule>, ...}`), and
+        `clip_global_norm` (gradient clipping) and `accumulate_steps` (gradients
+        accumulated over that many steps per update, `optax.MultiSteps`);
+      - `mesh` and `sharding`: the devices' named axes and where the state and the
+        batches live on them (see `jaxmon/_experiment/mesh.py`); None: one device
+        (with several JAX processes: a `data` axis over every device);
       - `hooks`: a list of `{"name": <jaxmon hook or import path>, ...arguments}`.
         `EvalHook` gets the eval function and the eval split, `ProgressBarHook` the
         number of steps, every hook that takes an `output_dir` the run's directory,
@@ -120,9 +128,10 @@ class _Experiment:
     config: dict[str, Any]
     workdir: str
     steps: int
-    init_fn: Callable[[], TrainState]
+    init_fn: Callable[[], Any]
     step_fn: Callable[..., Any]
     eval_fn: Callable[..., dict[str, Any]]
+    eval_metrics: Mapping[str, Any] | None
     data: Any  # ArrayDataSource, or a grain pipeline
     eval_split: Any
     eval_batches: list[dict[str, np.ndarray]]
@@ -130,6 +139,7 @@ class _Experiment:
     chief_only_hooks: list[Any]
     evals: list[Any]
     session_args: dict[str, Any]
+    layout: Layout | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,19 +168,26 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
     workdir = os.fspath(workdir)
     seed = get_key(config, "seed", int, 0)
     steps = get_key(config, "steps", int)
+    mesh = mesh_of(config.get("mesh"))
     data = _load_data(config)
-    model = _model(config)
-    loss_fn = task_of(config.get("task", "classification"))
-    tx = optimizer_of(dict(get_key(config, "optimizer", dict)))
-    init_fn, step_fn, eval_fn = _functions(model, loss_fn, tx, seed, data.train)
+    task_name = config.get("task", "classification")
+    context = tasks.TaskContext(config, _model(config), _optimizer(config), seed,
+                                {key: np.asarray(value[:2]) for key, value in data.train.items()}, mesh)
+    task = tasks.task_of(task_name)(context)
+    init_fn, layout = task.init_fn, None
+    if mesh is not None:
+        layout = layout_of(config, mesh, context, task.init_fn, built_in=tasks.is_built_in(task_name))
+        layout.check(jax.eval_shape(task.init_fn), data.batch_size)
+        if tasks.is_built_in(task_name) or config.get("sharding"):
+            init_fn = layout.sharded_init(task.init_fn)
     eval_batches = _batches(data.evaluation, data.eval_batch_size)
-    hooks, chief_only_hooks, evals = hooks_of(config, steps=steps, eval_fn=eval_fn, eval_batches=eval_batches,
-                                               workdir=workdir)
+    hooks, chief_only_hooks, evals = hooks_of(config, steps=steps, eval_fn=task.eval_fn, eval_batches=eval_batches,
+                                               workdir=workdir, eval_metrics=task.eval_metrics)
     session_args = session_args_of(config)
     report_changes(config, workdir, report)
     train_data = _train_data(data, seed)
-    return _Experiment(config, workdir, steps, init_fn, step_fn, eval_fn, train_data, data.eval_split,
-                       eval_batches, hooks, chief_only_hooks, evals, session_args)
+    return _Experiment(config, workdir, steps, init_fn, task.step_fn, task.eval_fn, task.eval_metrics, train_data,
+                       data.eval_split, eval_batches, hooks, chief_only_hooks, evals, session_args, layout)
 
 
 def _load_data(config: Mapping[str, Any]) -> _Data:
@@ -190,40 +207,53 @@ def _load_data(config: Mapping[str, Any]) -> _Data:
 
 
 def _train_data(data: _Data, seed: int) -> Any:
-    """The training batches, reshuffled each epoch, resumable exactly."""
+    """The training batches, reshuffled each epoch, resumable exactly. With several
+    processes each reads its own rows of every global batch (the same rows whatever
+    the number of processes)."""
     if data.loader == "grain":
+        if jax.process_count() > 1:
+            raise ConfigError("data.loader='grain' reads every row on each process; with several processes give "
+                              "data.loader='arrays'.")
         arrays = {key: np.asarray(value) for key, value in data.train.items()}
         return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count)
-    return ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
+    source = ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
+    return source if jax.process_count() == 1 else _ProcessRows(source, jax.process_index(), jax.process_count())
+
+
+class _ProcessRows:
+    """This process's rows of each batch of `source`: part `index` of `count` equal parts
+    (the devices of process i hold part i of a batch split on its leading axis)."""
+
+    def __init__(self, source: ArrayDataSource, index: int, count: int):
+        self._source, self._index, self._count = source, index, count
+
+    def __iter__(self) -> _ProcessRows:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._source)
+        rows = len(next(iter(batch.values()))) // self._count
+        return {key: value[self._index * rows:(self._index + 1) * rows] for key, value in batch.items()}
+
+    def get_state(self) -> Any:
+        return self._source.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self._source.set_state(state)
 
 
 def _model(config: Mapping[str, Any]) -> Any:
-    """The Flax module `model.name` names, made with the other keys of `model`."""
+    """The Flax module `model.name` names, made with the other keys of `model`; None without `model`."""
+    if config.get("model") is None:
+        return None
     model_config = dict(get_key(config, "model", dict))
     return resolve(pop_key(model_config, "name", "model.name"), "model.name")(**model_config)
 
 
-def _functions(model: Any, loss_fn: Callable, tx: optax.GradientTransformation, seed: int,
-               train: Mapping[str, Any]) -> tuple[Callable, Callable, Callable]:
-    """The session's `init_fn` and `step_fn`, and the eval function, for `model`
-    trained on `loss_fn` with `tx` (`init_fn` traces the model on `train["x"][:1]`)."""
-
-    def init_fn() -> TrainState:
-        params = model.init(jax.random.PRNGKey(seed), jnp.asarray(train["x"][:1]))["params"]
-        return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
-
-    def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        return loss_fn(state.apply_fn({"params": params}, batch["x"]), batch)
-
-    def step_fn(state: TrainState, batch: Mapping[str, Any]):
-        (loss, metrics), grads = jax.value_and_grad(lambda p: evaluate(state, p, batch), has_aux=True)(state.params)
-        return state.apply_gradients(grads=grads), {"loss": loss, **metrics}
-
-    def eval_fn(state: TrainState, batch: Mapping[str, Any]) -> dict[str, Any]:
-        loss, metrics = evaluate(state, state.params, batch)
-        return {"loss": loss, **metrics}
-
-    return init_fn, step_fn, eval_fn
+def _optimizer(config: Mapping[str, Any]) -> optax.GradientTransformation | None:
+    if config.get("optimizer") is None:
+        return None
+    return optimizer_of(dict(get_key(config, "optimizer", dict)))
 
 
 def _run(experiment: _Experiment, report: Callable[[str], None]) -> dict[str, Any]:
@@ -250,8 +280,9 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
     """
     e = experiment
     try:
+        placed = {} if e.layout is None else {"mesh": e.layout.mesh, "batch_sharding": e.layout.batch_sharding}
         return MonitoredTrainingSession(e.step_fn, e.init_fn, data=e.data, checkpoint_dir=e.workdir, hooks=e.hooks,
-                                        chief_only_hooks=e.chief_only_hooks, config=e.config,
+                                        chief_only_hooks=e.chief_only_hooks, config=e.config, **placed,
                                         **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Creating the session from the config failed: {type(error).__name__}: {error}") from error
@@ -293,20 +324,12 @@ def _final_evaluation(experiment: _Experiment, session: MonitoredTrainingSession
 
 def _final_means(experiment: _Experiment, session: MonitoredTrainingSession) -> dict[str, Any]:
     """The eval split's metrics at the session's last step: an `EvalHook`'s, if it
-    evaluated that step, else the batch-size-weighted means of a fresh evaluation."""
+    evaluated that step, else a fresh evaluation with the task's eval metrics."""
     done = [hook.latest for hook in experiment.evals if hook.history and hook.history[-1][0] == session.step]
     if done:  # the EvalHook evaluated the final state at end: the same batches, the same function
         return dict(done[0])
-    evaluate_once = jax.jit(experiment.eval_fn)
-    return _weighted_means([(len(batch["y"]), evaluate_once(session.state, batch))
-                            for batch in experiment.eval_batches])
-
-
-def _weighted_means(results: list[tuple[int, Mapping[str, Any]]]) -> dict[str, float]:
-    total = sum(n for n, _ in results)
-    names = list(results[0][1])
-    return {name: float(sum(n * np.asarray(values[name], np.float64) for n, values in results) / total)
-            for name in names}
+    evaluation = EvalHook(experiment.eval_fn, experiment.eval_batches, metrics=experiment.eval_metrics)
+    return evaluation.evaluate(session)
 
 
 def _batches(arrays: Mapping[str, np.ndarray], batch_size: int | None) -> list[dict[str, np.ndarray]]:

@@ -1,5 +1,5 @@
-"""The sections of an experiment config, built: the task's loss, the optimizer, the
-hooks, and the session's arguments."""
+"""The sections of an experiment config, built: the optimizer, the hooks, and the
+session's arguments."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import jaxmon
@@ -18,31 +17,8 @@ from jaxmon._experiment.keys import get_key, pop_key, resolve
 from jaxmon._training import MonitoredTrainingSession
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.
-_RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config"}
-
-
-def task_of(task: Any) -> Callable[[Any, Mapping[str, Any]], tuple[Any, dict[str, Any]]]:
-    """The loss function `fn(predictions, batch) -> (loss, metrics)` of the `task` key.
-
-    Args:
-      task: "classification", "regression", or the import path of such a function.
-
-    Raises:
-      ConfigError: `task` is none of these.
-    """
-    if task == "classification":
-        def classification(logits, batch):
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-            return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["y"])}
-        return classification
-    if task == "regression":
-        def regression(predictions, batch):
-            return jnp.mean((predictions - batch["y"]) ** 2), {}
-        return regression
-    if isinstance(task, str) and (":" in task or "." in task):
-        return resolve(task, "task")
-    raise ConfigError(f"task must be 'classification', 'regression' or the import path of "
-                      f"fn(predictions, batch) -> (loss, metrics) (e.g. 'mypkg.tasks:loss'); got {task!r}.")
+_RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config",
+             "mesh", "state_sharding", "batch_sharding"}
 
 
 def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
@@ -50,12 +26,27 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
 
     Args:
       spec: `name` of an optax optimizer and its arguments; a `learning_rate` may be
-        `{"name": <optax schedule>, ...}`.
+        `{"name": <optax schedule>, ...}` (e.g. "warmup_cosine_decay_schedule");
+        `clip_global_norm`: clip the gradients to this global norm first;
+        `accumulate_steps`: update once every that many steps with the mean of their
+        gradients (`optax.MultiSteps`).
 
     Raises:
       ConfigError: a name is not an optax function, or the arguments do not fit it.
     """
     name = pop_key(spec, "name", "optimizer.name")
+    clip, accumulate = spec.pop("clip_global_norm", None), spec.pop("accumulate_steps", 1)
+    if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip <= 0):
+        raise ConfigError(f"optimizer.clip_global_norm={clip!r}: give a norm > 0, or None for no clipping.")
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise ConfigError(f"optimizer.accumulate_steps={accumulate!r}: give a number of steps >= 1.")
+    tx = _optimizer(name, spec)
+    if clip is not None:
+        tx = optax.chain(optax.clip_by_global_norm(float(clip)), tx)
+    return tx if accumulate == 1 else optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
+
+
+def _optimizer(name: Any, spec: dict[str, Any]) -> optax.GradientTransformation:
     if isinstance(spec.get("learning_rate"), Mapping):
         schedule = dict(spec["learning_rate"])
         schedule_name = pop_key(schedule, "name", "optimizer.learning_rate.name")
@@ -76,8 +67,8 @@ def _optax(name: str, key: str) -> Callable[..., Any]:
     return fn
 
 
-def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_batches: list,
-             workdir: str) -> tuple[list[Any], list[Any], list[Any]]:
+def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_batches: list, workdir: str,
+             eval_metrics: Mapping[str, Any] | None = None) -> tuple[list[Any], list[Any], list[Any]]:
     """The hooks of a run: a `StopAtStepHook` at `steps` and those of the `hooks` section.
 
     Args:
@@ -85,6 +76,7 @@ def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_b
       steps: the last step (also `ProgressBarHook`'s default `total_steps`).
       eval_fn: `EvalHook`'s default `eval_fn`.
       eval_batches: `EvalHook`'s default `data`.
+      eval_metrics: `EvalHook`'s default `metrics` (the task's).
       workdir: the default `output_dir` of every hook that takes one (`EvalHook`,
         `SummarySaverHook`, `StepCounterHook`, `ProfilerHook`, ...), on process 0,
         without a `summary_writer`.
@@ -95,14 +87,15 @@ def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_b
     hooks, chief_only_hooks, evals = [jaxmon.StopAtStepHook(last_step=steps)], [], []
     for i, spec in enumerate(get_key(config, "hooks", list, [])):
         hook, chief_only = _hook(spec, f"hooks.{i}", steps=steps, eval_fn=eval_fn, eval_batches=eval_batches,
-                                 workdir=workdir)
+                                 workdir=workdir, eval_metrics=eval_metrics)
         (chief_only_hooks if chief_only else hooks).append(hook)
         if isinstance(hook, jaxmon.EvalHook) and hook.eval_fn is eval_fn:
             evals.append(hook)
     return hooks, chief_only_hooks, evals
 
 
-def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: list, workdir: str) -> Any:
+def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: list, workdir: str,
+          eval_metrics: Mapping[str, Any] | None) -> Any:
     """The hook of one entry of `hooks` (at `key`), and whether it is chief-only."""
     if not isinstance(spec, Mapping) or "name" not in spec:
         raise ConfigError(f"{key} must be a dict with a name, e.g. {{'name': 'EvalHook', 'every_n_steps': 500}}; "
@@ -116,6 +109,8 @@ def _hook(spec: Any, key: str, *, steps: int, eval_fn: Callable, eval_batches: l
     if cls is jaxmon.EvalHook:
         args.setdefault("eval_fn", eval_fn)
         args.setdefault("data", eval_batches)
+        if eval_metrics and args["eval_fn"] is eval_fn:
+            args.setdefault("metrics", dict(eval_metrics))
     elif cls is jaxmon.ProgressBarHook:
         args.setdefault("total_steps", steps)
     if ("summary_writer" not in args and jax.process_index() == 0  # one process writes event files

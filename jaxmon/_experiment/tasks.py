@@ -1,0 +1,205 @@
+"""Tasks of config-driven runs: what trains the model, the built-in ones and a user's.
+
+A task turns the built parts of a config (the model, the optimizer, an example batch,
+the mesh) into the three functions a run needs. The built-in tasks ("classification",
+"regression", "lm") are a loss on the model's predictions; a user's task is any function
+`make_task(context) -> jm.Task`, named by import path (`task: "my_tasks:make_task"`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.keys import resolve
+from jaxmon._reductions import Ratio, Reduction
+from jaxmon._state import TrainState
+
+__all__ = ["Task", "TaskContext", "task_of"]
+
+
+class Task(NamedTuple):
+    """What a task gives a config-driven run (`jaxmon train`).
+
+    Attributes:
+      init_fn: `init_fn() -> state`, the fresh state (a `jm.TrainState`, or any pytree).
+        It may shard the state itself (`jax.jit(init, out_shardings=...)` on
+        `context.mesh`): the run keeps those shardings.
+      step_fn: `step_fn(state, batch) -> (new_state, {name: scalar})`, one training step.
+      eval_fn: `eval_fn(state, batch) -> {name: scalar}` on one batch of the eval split.
+      eval_metrics: `{name: jm.Reduction}` over `eval_fn`'s outputs, reduced over the
+        whole eval split (e.g. `{"loss": jm.Ratio("loss_sum", "tokens")}`); other
+        outputs are averaged weighted by batch size. None: all of them so.
+
+    Example (`my_tasks.py` beside the config, `task: "my_tasks:make_task"`):
+      >>> import jax, jax.numpy as jnp, optax, jaxmon as jm
+      >>> def make_task(context):
+      ...     def init_fn():
+      ...         return {"w": jnp.zeros(()), "opt": context.optimizer.init(jnp.zeros(()))}
+      ...     def loss(w, batch):
+      ...         return jnp.mean((w * batch["x"] - batch["y"]) ** 2)
+      ...     def step_fn(state, batch):
+      ...         value, grad = jax.value_and_grad(loss)(state["w"], batch)
+      ...         updates, opt = context.optimizer.update(grad, state["opt"], state["w"])
+      ...         return {"w": optax.apply_updates(state["w"], updates), "opt": opt}, {"loss": value}
+      ...     def eval_fn(state, batch):
+      ...         return {"loss": loss(state["w"], batch)}
+      ...     return jm.Task(init_fn, step_fn, eval_fn)
+    """
+
+    init_fn: Callable[[], Any]
+    step_fn: Callable[[Any, Any], tuple[Any, Mapping[str, Any]]]
+    eval_fn: Callable[[Any, Any], Mapping[str, Any]]
+    eval_metrics: Mapping[str, Reduction] | None = None
+
+
+class TaskContext(NamedTuple):
+    """What a user's `make_task(context)` gets from the config.
+
+    Attributes:
+      config: the whole experiment config (a dict; read your own keys from it).
+      model: the Flax module the `model` section builds, or None without one.
+      optimizer: the optax optimizer the `optimizer` section builds, or None.
+      seed: the config's `seed`.
+      example_batch: the first rows of the train split (`{key: np.ndarray}`), for shapes.
+      mesh: the run's `jax.sharding.Mesh` (the `mesh` section), or None on one device.
+    """
+
+    config: Mapping[str, Any]
+    model: Any
+    optimizer: optax.GradientTransformation | None
+    seed: int
+    example_batch: Mapping[str, np.ndarray]
+    mesh: jax.sharding.Mesh | None
+
+
+def classification(logits: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Softmax cross-entropy on integer labels `batch["y"]`, and accuracy."""
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["y"])}
+
+
+def regression(predictions: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The mean squared error against `batch["y"]`."""
+    return jnp.mean((predictions - batch["y"]) ** 2), {}
+
+
+def lm(logits: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token cross-entropy: `logits` (batch, length, vocab) for the targets
+    `batch["y"]` (batch, length), where a target 0 is padding and counts for nothing.
+
+    Returns:
+      The mean over the real tokens, and their sums (`loss_sum`, `correct`) and count
+      (`tokens`), which the eval metrics reduce over the whole eval split.
+    """
+    targets = batch["y"]
+    weights = (targets != 0).astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+    tokens = weights.sum()
+    loss_sum = (losses * weights).sum()
+    correct = ((jnp.argmax(logits, -1) == targets) * weights).sum()
+    return loss_sum / jnp.maximum(tokens, 1.0), {"loss_sum": loss_sum, "tokens": tokens, "correct": correct}
+
+
+#: The "lm" task's eval metrics: token-weighted over the whole eval split.
+LM_METRICS = {"loss": Ratio("loss_sum", "tokens"), "perplexity": Ratio("loss_sum", "tokens").then(np.exp),
+              "accuracy": Ratio("correct", "tokens")}
+
+_BUILT_IN = {"classification": (classification, None), "regression": (regression, None), "lm": (lm, LM_METRICS)}
+
+
+def task_of(task: Any) -> Callable[[TaskContext], Task]:
+    """The function that builds the run's `Task` from a `TaskContext`, for the `task` key.
+
+    Args:
+      task: "classification", "regression", "lm", or an import path of either a
+        user's `make_task(context) -> jm.Task` (one parameter) or a loss
+        `fn(predictions, batch) -> (loss, {metric: value})` (two parameters) that
+        the model's predictions are trained on.
+
+    Raises:
+      ConfigError: `task` is none of these.
+    """
+    if isinstance(task, str) and task in _BUILT_IN:
+        return _model_task(*_BUILT_IN[task])
+    if isinstance(task, str) and (":" in task or "." in task):
+        fn = resolve(task, "task")
+        if _parameter_count(fn) == 1:
+            return _user_task(fn, task)
+        return _model_task(fn, None)
+    raise ConfigError(f"task must be one of {', '.join(map(repr, _BUILT_IN))}, or the import path of "
+                      "make_task(context) -> jm.Task or of fn(predictions, batch) -> (loss, metrics) "
+                      f"(e.g. 'my_tasks:make_task'); got {task!r}.")
+
+
+def is_built_in(task: Any) -> bool:
+    """Whether `task` names a built-in task (a `TrainState` of the config's model)."""
+    return isinstance(task, str) and task in _BUILT_IN
+
+
+def _parameter_count(fn: Any) -> int:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+
+def _user_task(make_task: Callable[[TaskContext], Any], path: str) -> Callable[[TaskContext], Task]:
+    def build(context: TaskContext) -> Task:
+        task = make_task(context)
+        if isinstance(task, Task):
+            return task
+        if isinstance(task, tuple) and len(task) in (3, 4) and all(callable(f) for f in task[:3]):
+            return Task(*task)
+        raise ConfigError(f"task={path!r} returned {type(task).__name__}, not a jm.Task(init_fn, step_fn, eval_fn).")
+    return build
+
+
+def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None) -> Callable[[TaskContext], Task]:
+    """A task that trains `context.model` with `context.optimizer` on `loss_fn` of its
+    predictions on `batch["x"]`."""
+
+    def build(context: TaskContext) -> Task:
+        model, tx = context.model, context.optimizer
+        if model is None or tx is None:
+            raise ConfigError("This task trains a model: the config needs a model section (its name) and an "
+                              "optimizer section.")
+        x = jnp.asarray(context.example_batch["x"][:1])
+
+        def init_fn() -> TrainState:
+            params = nn.meta.unbox(model.init(jax.random.PRNGKey(context.seed), x)["params"])
+            return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+        def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+            return loss_fn(state.apply_fn({"params": params}, batch["x"]), batch)
+
+        def step_fn(state: TrainState, batch: Mapping[str, Any]):
+            (loss, metrics), grads = jax.value_and_grad(lambda p: evaluate(state, p, batch),
+                                                        has_aux=True)(state.params)
+            return state.apply_gradients(grads=grads), {"loss": loss, **metrics}
+
+        def eval_fn(state: TrainState, batch: Mapping[str, Any]) -> dict[str, Any]:
+            loss, metrics = evaluate(state, state.params, batch)
+            return {"loss": loss, **metrics}
+
+        return Task(init_fn, step_fn, eval_fn, eval_metrics)
+
+    return build
+
+
+def boxed_params(context: TaskContext) -> Any:
+    """The shapes of the model's parameters with their Flax logical-axis annotations
+    (`nn.with_logical_partitioning`), or None for a task without a model."""
+    if context.model is None:
+        return None
+    x = jnp.asarray(context.example_batch["x"][:1])
+    return jax.eval_shape(lambda: context.model.init(jax.random.PRNGKey(context.seed), x)["params"])
