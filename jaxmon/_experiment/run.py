@@ -9,17 +9,14 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
-from jaxmon import _loaders
 from jaxmon._checkpoint import DirectoryInUseError
-from jaxmon._data import ArrayDataSource
-from jaxmon._experiment import tasks
 from jaxmon._experiment.config_file import ConfigError
-from jaxmon._experiment.keys import TOP_LEVEL, check_top_level, get_key, pop_key, resolve
-from jaxmon._experiment.mesh import Layout, layout_of, mesh_of
+from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
+from jaxmon._experiment.mesh import Layout
+from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
-from jaxmon._experiment.sections import hooks_of, optimizer_of, session_args_of
+from jaxmon._experiment.sections import hooks_of, session_args_of
 from jaxmon._training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
 
@@ -142,19 +139,6 @@ class _Experiment:
     layout: Layout | None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Data:
-    """The `data` section, loaded: the train and eval splits and how to batch them."""
-
-    train: Mapping[str, Any]
-    evaluation: Mapping[str, Any]
-    batch_size: Any
-    eval_split: Any
-    eval_batch_size: int | None
-    loader: str
-    worker_count: int
-
-
 def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callable[[str], None]) -> _Experiment:
     """Reads and checks `config`, loads the data and builds the model, the functions
     and the hooks; on resume, reports the config changes since the latest checkpoint.
@@ -166,94 +150,16 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
     config = dict(config)
     check_top_level(config)
     workdir = os.fspath(workdir)
-    seed = get_key(config, "seed", int, 0)
-    steps = get_key(config, "steps", int)
-    mesh = mesh_of(config.get("mesh"))
-    data = _load_data(config)
-    task_name = config.get("task", "classification")
-    context = tasks.TaskContext(config, _model(config), _optimizer(config), seed,
-                                {key: np.asarray(value[:2]) for key, value in data.train.items()}, mesh)
-    task = tasks.task_of(task_name)(context)
-    init_fn, layout = task.init_fn, None
-    if mesh is not None:
-        layout = layout_of(config, mesh, context, task.init_fn, built_in=tasks.is_built_in(task_name))
-        layout.check(jax.eval_shape(task.init_fn), data.batch_size)
-        if tasks.is_built_in(task_name) or config.get("sharding"):
-            init_fn = layout.sharded_init(task.init_fn)
-    eval_batches = _batches(data.evaluation, data.eval_batch_size)
-    hooks, chief_only_hooks, evals = hooks_of(config, steps=steps, eval_fn=task.eval_fn, eval_batches=eval_batches,
-                                               workdir=workdir, eval_metrics=task.eval_metrics)
+    parts = parts_of(config)
+    task = parts.task
+    hooks, chief_only_hooks, evals = hooks_of(config, steps=parts.steps, eval_fn=task.eval_fn,
+                                               eval_batches=parts.eval_batches, workdir=workdir,
+                                               eval_metrics=task.eval_metrics)
     session_args = session_args_of(config)
     report_changes(config, workdir, report)
-    train_data = _train_data(data, seed)
-    return _Experiment(config, workdir, steps, init_fn, task.step_fn, task.eval_fn, task.eval_metrics, train_data,
-                       data.eval_split, eval_batches, hooks, chief_only_hooks, evals, session_args, layout)
-
-
-def _load_data(config: Mapping[str, Any]) -> _Data:
-    """Calls the `data.source` function for the train and eval splits."""
-    data = dict(get_key(config, "data", dict))
-    source = resolve(pop_key(data, "source", "data.source"), "data.source")
-    batch_size = pop_key(data, "batch_size", "data.batch_size")
-    eval_split = data.pop("eval_split", "test")
-    eval_batch_size = data.pop("eval_batch_size", None)
-    loader, worker_count = data.pop("loader", "arrays"), data.pop("worker_count", 2)
-    if loader not in ("arrays", "grain"):
-        raise ConfigError(f"data.loader={loader!r}: give 'arrays' (jm.ArrayDataSource) or 'grain'.")
-    if not isinstance(worker_count, int) or isinstance(worker_count, bool) or worker_count < 0:
-        raise ConfigError(f"data.worker_count={worker_count!r}: give a number of grain worker processes >= 0.")
-    return _Data(source("train", **data), source(eval_split, **data), batch_size, eval_split, eval_batch_size,
-                 loader, worker_count)
-
-
-def _train_data(data: _Data, seed: int) -> Any:
-    """The training batches, reshuffled each epoch, resumable exactly. With several
-    processes each reads its own rows of every global batch (the same rows whatever
-    the number of processes)."""
-    if data.loader == "grain":
-        if jax.process_count() > 1:
-            raise ConfigError("data.loader='grain' reads every row on each process; with several processes give "
-                              "data.loader='arrays'.")
-        arrays = {key: np.asarray(value) for key, value in data.train.items()}
-        return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count)
-    source = ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
-    return source if jax.process_count() == 1 else _ProcessRows(source, jax.process_index(), jax.process_count())
-
-
-class _ProcessRows:
-    """This process's rows of each batch of `source`: part `index` of `count` equal parts
-    (the devices of process i hold part i of a batch split on its leading axis)."""
-
-    def __init__(self, source: ArrayDataSource, index: int, count: int):
-        self._source, self._index, self._count = source, index, count
-
-    def __iter__(self) -> _ProcessRows:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = next(self._source)
-        rows = len(next(iter(batch.values()))) // self._count
-        return {key: value[self._index * rows:(self._index + 1) * rows] for key, value in batch.items()}
-
-    def get_state(self) -> Any:
-        return self._source.get_state()
-
-    def set_state(self, state: Any) -> None:
-        self._source.set_state(state)
-
-
-def _model(config: Mapping[str, Any]) -> Any:
-    """The Flax module `model.name` names, made with the other keys of `model`; None without `model`."""
-    if config.get("model") is None:
-        return None
-    model_config = dict(get_key(config, "model", dict))
-    return resolve(pop_key(model_config, "name", "model.name"), "model.name")(**model_config)
-
-
-def _optimizer(config: Mapping[str, Any]) -> optax.GradientTransformation | None:
-    if config.get("optimizer") is None:
-        return None
-    return optimizer_of(dict(get_key(config, "optimizer", dict)))
+    return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,
+                       train_data(parts.data, parts.seed), parts.data.eval_split, parts.eval_batches, hooks,
+                       chief_only_hooks, evals, session_args, parts.layout)
 
 
 def _run(experiment: _Experiment, report: Callable[[str], None]) -> dict[str, Any]:
@@ -314,10 +220,12 @@ def _stopped_early(session: MonitoredTrainingSession, report: Callable[[str], No
 
 def _final_evaluation(experiment: _Experiment, session: MonitoredTrainingSession,
                       report: Callable[[str], None]) -> dict[str, Any]:
-    """The final state's metrics on the eval split, reported: `{"step": ..., <metrics>}`."""
+    """The final state's metrics on the eval split, reported (the task's eval metrics
+    where it names some, else every output): `{"step": ..., <metrics>}`."""
     means = _final_means(experiment, session)
     result = {"step": session.step, **means}
-    shown = ", ".join(f"{name} {value:.4f}" for name, value in means.items())
+    names = [name for name in experiment.eval_metrics or means if name in means]
+    shown = ", ".join(f"{name} {means[name]:.4f}" for name in names)
     report(f"step {session.step}: {experiment.eval_split} {shown}  ({experiment.workdir})")
     return result
 
@@ -330,9 +238,3 @@ def _final_means(experiment: _Experiment, session: MonitoredTrainingSession) -> 
         return dict(done[0])
     evaluation = EvalHook(experiment.eval_fn, experiment.eval_batches, metrics=experiment.eval_metrics)
     return evaluation.evaluate(session)
-
-
-def _batches(arrays: Mapping[str, np.ndarray], batch_size: int | None) -> list[dict[str, np.ndarray]]:
-    n = len(next(iter(arrays.values())))
-    size = n if batch_size is None else batch_size
-    return [{k: np.asarray(v[i:i + size]) for k, v in arrays.items()} for i in range(0, n, size)]

@@ -1,0 +1,143 @@
+"""The parts of a run a config describes, before any hook or session: the data, the
+model, the optimizer, the task, the mesh and where the state lives on it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from jaxmon import _loaders
+from jaxmon._data import ArrayDataSource
+from jaxmon._experiment import tasks
+from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.keys import get_key, pop_key, resolve
+from jaxmon._experiment.mesh import Layout, layout_of, mesh_of
+from jaxmon._experiment.sections import optimizer_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """What a config builds before the session: its `seed` and last step, the mesh
+    (None: one device), the loaded data, the task, the `init_fn` the session gets (the
+    task's, jitted onto its shardings with a mesh), the layout, and the eval batches."""
+
+    seed: int
+    steps: int
+    mesh: jax.sharding.Mesh | None
+    data: Data
+    context: tasks.TaskContext
+    task: tasks.Task
+    init_fn: Callable[[], Any]
+    layout: Layout | None
+    eval_batches: list[dict[str, np.ndarray]]
+
+
+def parts_of(config: Mapping[str, Any]) -> Parts:
+    """Builds the parts of `config` (checked: a `ConfigError` names what is wrong; a
+    `ShardingError` the parameter and mesh axis that do not divide)."""
+    seed = get_key(config, "seed", int, 0)
+    steps = get_key(config, "steps", int)
+    mesh = mesh_of(config.get("mesh"))
+    data = load_data(config)
+    task_name = config.get("task", "classification")
+    context = tasks.TaskContext(config, _model(config), _optimizer(config), seed,
+                                {key: np.asarray(value[:2]) for key, value in data.train.items()}, mesh)
+    task = tasks.task_of(task_name)(context)
+    init_fn, layout = task.init_fn, None
+    if mesh is not None:
+        layout = layout_of(config, mesh, context, task.init_fn, built_in=tasks.is_built_in(task_name))
+        layout.check(jax.eval_shape(task.init_fn), data.batch_size)
+        if tasks.is_built_in(task_name) or config.get("sharding"):
+            init_fn = layout.sharded_init(task.init_fn)
+    return Parts(seed, steps, mesh, data, context, task, init_fn, layout,
+                 batches(data.evaluation, data.eval_batch_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The `data` section, loaded: the train and eval splits and how to batch them."""
+
+    train: Mapping[str, Any]
+    evaluation: Mapping[str, Any]
+    batch_size: Any
+    eval_split: Any
+    eval_batch_size: int | None
+    loader: str
+    worker_count: int
+
+
+def load_data(config: Mapping[str, Any]) -> Data:
+    """Calls the `data.source` function for the train and eval splits."""
+    data = dict(get_key(config, "data", dict))
+    source = resolve(pop_key(data, "source", "data.source"), "data.source")
+    batch_size = pop_key(data, "batch_size", "data.batch_size")
+    eval_split = data.pop("eval_split", "test")
+    eval_batch_size = data.pop("eval_batch_size", None)
+    loader, worker_count = data.pop("loader", "arrays"), data.pop("worker_count", 2)
+    if loader not in ("arrays", "grain"):
+        raise ConfigError(f"data.loader={loader!r}: give 'arrays' (jm.ArrayDataSource) or 'grain'.")
+    if not isinstance(worker_count, int) or isinstance(worker_count, bool) or worker_count < 0:
+        raise ConfigError(f"data.worker_count={worker_count!r}: give a number of grain worker processes >= 0.")
+    return Data(source("train", **data), source(eval_split, **data), batch_size, eval_split, eval_batch_size,
+                 loader, worker_count)
+
+
+def train_data(data: Data, seed: int) -> Any:
+    """The training batches, reshuffled each epoch, resumable exactly. With several
+    processes each reads its own rows of every global batch (the same rows whatever
+    the number of processes)."""
+    if data.loader == "grain":
+        if jax.process_count() > 1:
+            raise ConfigError("data.loader='grain' reads every row on each process; with several processes give "
+                              "data.loader='arrays'.")
+        arrays = {key: np.asarray(value) for key, value in data.train.items()}
+        return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count)
+    source = ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
+    return source if jax.process_count() == 1 else _ProcessRows(source, jax.process_index(), jax.process_count())
+
+
+class _ProcessRows:
+    """This process's rows of each batch of `source`: part `index` of `count` equal parts
+    (the devices of process i hold part i of a batch split on its leading axis)."""
+
+    def __init__(self, source: ArrayDataSource, index: int, count: int):
+        self._source, self._index, self._count = source, index, count
+
+    def __iter__(self) -> _ProcessRows:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._source)
+        rows = len(next(iter(batch.values()))) // self._count
+        return {key: value[self._index * rows:(self._index + 1) * rows] for key, value in batch.items()}
+
+    def get_state(self) -> Any:
+        return self._source.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self._source.set_state(state)
+
+
+def _model(config: Mapping[str, Any]) -> Any:
+    """The Flax module `model.name` names, made with the other keys of `model`; None without `model`."""
+    if config.get("model") is None:
+        return None
+    model_config = dict(get_key(config, "model", dict))
+    return resolve(pop_key(model_config, "name", "model.name"), "model.name")(**model_config)
+
+
+def _optimizer(config: Mapping[str, Any]) -> optax.GradientTransformation | None:
+    if config.get("optimizer") is None:
+        return None
+    return optimizer_of(dict(get_key(config, "optimizer", dict)))
+
+
+def batches(arrays: Mapping[str, np.ndarray], batch_size: int | None) -> list[dict[str, np.ndarray]]:
+    n = len(next(iter(arrays.values())))
+    size = n if batch_size is None else batch_size
+    return [{k: np.asarray(v[i:i + size]) for k, v in arrays.items()} for i in range(0, n, size)]
