@@ -58,7 +58,8 @@ class StateLife:
         if placement is not None:
             self._init_fn = lambda make=self._make_state, place=placement.place_state: place(make())
         self._placement = placement
-        self._like = None if state is None or placement is not None else _checkpoint.abstract_like(state)
+        self._like = (None if state is None else _checkpoint.abstract_like(state) if placement is None
+                      else placement.like(state))  # a state given is its own restore target (it is made once)
         if checkpoint_dir is None:
             checkpoint_dir = next((saver.checkpoint_dir for saver in _savers(hooks)), None)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
