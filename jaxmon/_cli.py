@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
-import json
 import logging
-import math
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
+
+from jaxmon._cli_runs import (  # noqa: F401  (importable from here too)
+    Line,
+    Panel,
+    _best_metric,
+    _du,
+    _inspect,
+    _is_number,
+    _plot,
+    _pyplot,
+    _rank_best,
+    _records,
+    _run_label,
+    _size,
+    _yscale,
+    add_inspect,
+    add_plot,
+    draw,
+    plot_plan,
+    read_series,
+    run_info,
+)
 
 _DESCRIPTION = """\
 Train, inspect and plot jaxmon runs.
@@ -40,6 +59,18 @@ configs/default.py shows and explains each. Override any value with --config.KEY
 setting off); the value must have the type of the value it replaces, and an unknown
 key is an error listing the keys that exist there.
 
+Several hosts: run the same command on each. A process is one of several when
+JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID
+are set, or in a cluster that jax.distributed.initialize() detects (SLURM with several
+tasks, Open MPI's mpirun, a multi-host TPU slice, a Kubernetes Job): it connects to the
+others before training, and process 0 writes the summaries. --processes N tries it on
+this machine: N processes of this command on the CPU, connected on 127.0.0.1, each
+with this environment (XLA_FLAGS=--xla_force_host_platform_device_count=4 gives each
+4 CPU devices). Process 0's output is shown; process i's goes to DIR/process-<i>.log,
+its warnings and errors shown too after [process i]. If a process fails, the others
+are stopped and the exit code is the failed one's (128+N if killed by signal N); Ctrl-C
+makes every process save at one step they agree on, and stop.
+
 Exit codes: 0 trained (or already at the last step); 2 something given wrong (the
 config's syntax, a key, a type or a value, a --workdir that is a file, unwritable or in
 use by another run); 1 training failed (a non-finite loss, a failed save, a hook's
@@ -51,51 +82,25 @@ saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `jaxmon` command; returns its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    train = commands.add_parser("train", help="train from a config (resumes from WORKDIR)", description=_TRAIN,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="jaxmon train --config FILE --workdir DIR [--config.KEY=VALUE ...]")
-    train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
-    train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
-    train.add_argument("--quiet", action="store_true", help="log warnings only")
-    train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
-    cache = train.add_mutually_exclusive_group()
-    cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
-                       help="keep compiled programs here, so that a restart does not compile them again "
-                            "(default: DIR/compilation_cache, or JAX_COMPILATION_CACHE_DIR if set)")
-    cache.add_argument("--no_compilation_cache", action="store_true", help="compile everything at every start")
-    inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
-                                  description="List a run's checkpoints (step, size, time; with a saver's "
-                                              "keep_best, each one's best_metric and the best marked), its "
-                                              "latest metrics and the config it was trained with.")
-    inspect.add_argument("workdir", metavar="DIR")
-    inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    plot = commands.add_parser("plot", help="PNG curves of runs' scalar summaries (needs matplotlib)",
-                               description="Plot every scalar of each DIR/metrics.jsonl against the step into "
-                                           "one PNG: a run's train and eval values of a metric (loss, eval/loss) "
-                                           "on shared axes, several runs overlaid with a legend (matplotlib: "
-                                           "pip install 'jaxmon[plot]').")
-    plot.add_argument("workdirs", nargs="+", metavar="DIR")
-    plot.add_argument("--out", metavar="PNG",
-                      help="the image to write (default DIR/metrics.png, or ./metrics.png for several runs)")
-    plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
-    for command in (inspect, plot):
+    _add_train(commands)
+    from jaxmon._cli_check import add_check
+
+    for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
         command.add_argument("--debug", action="store_true", help="print a failure's traceback")
 
-    overrides, rest = _split_overrides(list(sys.argv[1:] if argv is None else argv))
+    overrides, rest = _split_overrides(argv)
     args = parser.parse_args(rest)
-    if overrides and args.command != "train":
+    if overrides and not getattr(args, "takes_overrides", False):
         parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
+    args.overrides, args.argv = overrides, argv
     from jaxmon._experiment.config_file import ConfigError
 
     try:
-        if args.command == "train":
-            return _train(args, overrides)
-        if args.command == "inspect":
-            return _inspect(args)
-        return _plot(args)
+        return args.handler(args)
     except ConfigError as error:
         return _fail(args, 2, str(error), error)
     except BrokenPipeError:  # `jaxmon inspect DIR | head`
@@ -105,6 +110,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, 130, _interrupted(args, error), error)
     except Exception as error:
         return _fail(args, 1, _one_line(error), error)
+
+
+def _add_train(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon train` to `commands` (the main parser's subparsers); returns its parser."""
+    train = commands.add_parser("train", help="train from a config (resumes from WORKDIR)", description=_TRAIN,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="jaxmon train --config FILE --workdir DIR [--processes N] "
+                                      "[--config.KEY=VALUE ...]")
+    train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
+    train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
+    train.add_argument("--processes", metavar="N",
+                       help="start N processes of this command on this machine, on the CPU, connected as "
+                            "several hosts are (see above); 1: a plain run")
+    train.add_argument("--quiet", action="store_true", help="log warnings only")
+    train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
+    cache = train.add_mutually_exclusive_group()
+    cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
+                       help="keep compiled programs here, so that a restart does not compile them again "
+                            "(default: DIR/compilation_cache, or JAX_COMPILATION_CACHE_DIR if set)")
+    cache.add_argument("--no_compilation_cache", action="store_true", help="compile everything at every start")
+    train.set_defaults(handler=_train, takes_overrides=True)
+    return train
 
 
 def _fail(args: argparse.Namespace, code: int, message: str, error: BaseException) -> int:
@@ -174,15 +201,21 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return overrides, rest
 
 
-def _train(args: argparse.Namespace, overrides: list[str]) -> int:
+def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment import train_experiment
     from jaxmon._experiment.config_file import load_config
+    from jaxmon._launch import connect
+    from jaxmon._local_processes import LEVEL_NAMES, processes_option, run_processes
 
-    config = load_config(args.config, overrides)
+    processes = processes_option(args.processes)
+    config = load_config(args.config, args.overrides)
+    if processes > 1:  # the config is checked once, here; each process loads it again
+        return run_processes(args.argv, processes, args.workdir)
     log = logging.getLogger("jaxmon")
     if not log.handlers:
         handler = _ClearLineHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        levels = " %(levelname)s" if os.environ.get(LEVEL_NAMES) else ""  # a launcher reads them
+        handler.setFormatter(logging.Formatter(f"%(asctime)s{levels} %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.propagate = False  # libraries may have configured the root logger too
     log.setLevel(logging.WARNING if args.quiet else logging.INFO)
@@ -192,6 +225,7 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
                 handler.show_tracebacks = False
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         sys.stderr = _MainThreadOnly(sys.stderr, os.path.join(args.workdir, "jaxmon-error.log"))
+    connect()  # one of several processes (hosts): connect to the others first
     cache = False if args.no_compilation_cache else args.compilation_cache or True
     result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
                               compilation_cache=cache)
@@ -235,260 +269,6 @@ class _ClearLineHandler(logging.StreamHandler):
         if not self.show_tracebacks and record.exc_info:
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         super().emit(record)
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    info = run_info(args.workdir)
-    if args.json:
-        print(json.dumps(info, indent=2, default=str))
-        return 0
-    print(f"run {info['workdir']}")
-    if info["checkpoints"]:
-        print(f"checkpoints ({len(info['checkpoints'])}):")
-        for item in info["checkpoints"]:
-            best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
-            mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
-            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}{best}{mark}")
-    else:
-        print("checkpoints: none")
-    if info["metrics"]:
-        print("latest metrics:")
-        width = max(len(tag) for tag in info["metrics"])
-        for tag, (step, value) in sorted(info["metrics"].items()):
-            print(f"  {tag:<{width}}  {value:.6g}  (step {step})")
-    else:
-        print("latest metrics: none (no metrics.jsonl)")
-    if info["config"] is not None:
-        print("config:")
-        for line in json.dumps(info["config"], indent=2, sort_keys=True).splitlines():
-            print(f"  {line}")
-    else:
-        print("config: none saved")
-    return 0
-
-
-def run_info(workdir: str) -> dict[str, Any]:
-    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time; with
-    `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
-    each scalar in metrics.jsonl, and the latest checkpoint's config."""
-    from jaxmon._checkpoint import complete_steps, read_meta
-
-    if not os.path.isdir(workdir):
-        from jaxmon._experiment.config_file import ConfigError
-
-        raise ConfigError(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
-    checkpoints = []
-    for step in complete_steps(workdir):
-        path = os.path.join(workdir, str(step))
-        meta = read_meta(path) or {}
-        when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
-            timespec="seconds")
-        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path)})
-    _rank_best(checkpoints)
-    metrics: dict[str, tuple[int, float]] = {}
-    for record in _records(os.path.join(workdir, "metrics.jsonl")):
-        for tag, value in record.items():
-            if tag not in ("step", "wall_time") and _is_number(value) and math.isfinite(value):
-                metrics[tag] = (record["step"], value)
-    config = None
-    if checkpoints:
-        config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
-    return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config}
-
-
-def _best_metric(path: str) -> dict[str, Any]:
-    """A checkpoint's `best_metric` and its `best_mode`, as Orbax's CheckpointManager keeps them
-    (`STEP/metrics/metrics`, JSON `{"best": value, "mode": "min" or "max"}`); None if absent."""
-    try:
-        with open(os.path.join(path, "metrics", "metrics")) as file:
-            metrics = json.load(file)
-    except (OSError, ValueError):
-        metrics = None
-    value = metrics.get("best") if isinstance(metrics, dict) else None
-    mode = metrics.get("mode") if _is_number(value) else None
-    return {"best_metric": value if _is_number(value) else None, "best_mode": mode, "best_rank": None}
-
-
-def _rank_best(checkpoints: list[dict[str, Any]]) -> None:
-    """Sets each ranked checkpoint's `best_rank`: 1 for the best (ties share a rank)."""
-    ranked = [c for c in checkpoints if c["best_metric"] is not None and c["best_mode"] in ("min", "max")]
-    for item in ranked:
-        sign = 1 if item["best_mode"] == "min" else -1
-        item["best_rank"] = 1 + sum(sign * c["best_metric"] < sign * item["best_metric"] for c in ranked)
-
-
-def _plot(args: argparse.Namespace) -> int:
-    try:
-        plt = _pyplot()
-    except ImportError:
-        print("jaxmon plot needs matplotlib: pip install 'jaxmon[plot]' (or pip install matplotlib).",
-              file=sys.stderr)
-        return 2
-    runs = {}  # each run's label: {tag: (steps, values)}
-    for workdir in args.workdirs:
-        path = os.path.join(workdir, "metrics.jsonl")
-        if not os.path.exists(path):
-            print(f"jaxmon plot: no metrics.jsonl in {workdir!r}; summaries of a run go there "
-                  "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
-            return 2
-        series = read_series(path)
-        if args.tags:
-            missing = sorted(set(args.tags) - set(series))
-            if missing:
-                print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
-                      file=sys.stderr)
-                return 2
-            series = {tag: series[tag] for tag in args.tags}
-        if not series:
-            print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
-            return 2
-        runs[_run_label(workdir, runs)] = series
-    tags = sorted({tag for series in runs.values() for tag in series})
-    figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in args.workdirs))
-    out = args.out or os.path.join(args.workdirs[0] if len(args.workdirs) == 1 else ".", "metrics.png")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    shown = f"{len(runs)} runs, " if len(runs) > 1 else ""
-    print(f"wrote {out} ({shown}{len(tags)} scalars: {', '.join(tags)})")
-    return 0
-
-
-def read_series(path: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`."""
-    series: dict[str, tuple[list[int], list[float]]] = {}
-    for record in _records(path):
-        for tag, value in record.items():
-            if tag not in ("step", "wall_time") and _is_number(value):
-                steps, values = series.setdefault(tag, ([], []))
-                steps.append(record["step"])
-                values.append(value)
-    return series
-
-
-class Line(NamedTuple):
-    """One curve of a panel: `eval` marks an evaluation's values (dashed, with markers)."""
-
-    label: str
-    steps: list[int]
-    values: list[float]
-    color: str
-    eval: bool
-
-
-class Panel(NamedTuple):
-    """One metric's axes: its train and eval curves, on a "linear" or "log" `yscale`."""
-
-    title: str
-    yscale: str
-    lines: tuple[Line, ...]
-
-
-def plot_plan(runs: Mapping[str, Mapping[str, tuple[list[int], list[float]]]]) -> list[Panel]:
-    """What `jaxmon plot` draws of `runs` (`{label: {tag: (steps, values)}}`): one panel per
-    metric, sorted, its eval values ("eval/loss", or any "PREFIX/loss" beside "loss") on
-    the axes of its train values; a log y axis where the positive values span more than
-    two decades. Eval curves are dashed, with markers; one run's train is blue and its eval
-    orange, several runs take a colour each."""
-    grouped: dict[str, list[Line]] = {}
-    for i, (label, series) in enumerate(runs.items()):
-        evals = {tag: tag.partition("/")[2] in series or tag.startswith("eval/") for tag in series}
-        for tag in sorted(series, key=lambda tag: (evals[tag], tag)):  # train first, eval drawn over it
-            rest, is_eval = tag.partition("/")[2], evals[tag]
-            paired = rest in series
-            color = ("C1" if is_eval else "C0") if len(runs) == 1 else f"C{i % 10}"
-            name = tag if len(runs) == 1 else f"{label}: {tag}"
-            grouped.setdefault(rest if paired else tag, []).append(Line(name, *series[tag], color, is_eval))
-    return [Panel(title, _yscale(lines), tuple(lines)) for title, lines in sorted(grouped.items())]
-
-
-def _yscale(lines: list[Line]) -> str:
-    values = [v for line in lines for v in line.values if math.isfinite(v)]
-    return "log" if values and min(values) > 0 and max(values) > 100 * min(values) else "linear"
-
-
-def draw(panels: list[Panel], title: str) -> Any:
-    """The matplotlib figure of `panels` (see `plot_plan`), three panels a row."""
-    plt = _pyplot()
-    columns = min(3, len(panels))
-    rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        for line in panel.lines:
-            marker = "o" if line.eval else "." if len(line.steps) < 50 else None
-            ax.plot(line.steps, line.values, color=line.color, marker=marker, markersize=4 if line.eval else 6,
-                    linestyle="--" if line.eval else "-", label=line.label)
-        ax.set_yscale(panel.yscale)
-        ax.set_title(panel.title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3, which="both" if panel.yscale == "log" else "major")
-        if len(panel.lines) > 1 or panel.lines[0].eval:
-            ax.legend(fontsize=7)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend (files only: no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:
-    """A short name for a run in a legend: its directory's name, made unique."""
-    label = os.path.basename(os.path.normpath(workdir)) or workdir
-    for n in itertools.count(2):
-        if label not in taken:
-            return label
-        label = f"{os.path.basename(os.path.normpath(workdir))} ({n})"
-    return label
-
-
-def _records(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line cut off by a killed writer, or one without
-    a step, is skipped with a note on stderr."""
-    if not os.path.exists(path):
-        return []
-    records, bad = [], 0
-    with open(path) as file:
-        for line in file:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-            elif not (isinstance(record, dict) and set(record) == {"hparams"}):  # the header is no step's
-                bad += 1
-    if bad:
-        print(f"jaxmon: skipped {bad} unreadable line(s) of {path}", file=sys.stderr)
-    return records
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _du(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 if __name__ == "__main__":

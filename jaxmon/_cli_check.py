@@ -1,0 +1,42 @@
+"""`jaxmon check`: a config's preflight, printed before anything trains."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+_CHECK = """\
+Build what a config describes and compile one training step, without training: print
+the resolved config, the parameters per top-level module, the mesh, each state leaf's
+shape and sharding, the global batch, the compiled step's memory per device (XLA's
+memory analysis) and its compile time. A parameter or batch that the mesh cannot split
+is one line naming it, its shape and the mesh axis (exit 2), as is any other config
+error. Run it on the devices you will train on (with the same XLA_FLAGS, on every host).
+
+  jaxmon check --config configs/lm.py
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 jaxmon check --config configs/lm_fsdp.py
+"""
+
+
+def add_check(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon check` to `commands` (the main parser's subparsers)."""
+    check = commands.add_parser("check", help="a config's preflight: parameters, mesh, shardings, memory",
+                                description=_CHECK, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="jaxmon check --config FILE [--json] [--config.KEY=VALUE ...]")
+    check.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
+    check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    check.set_defaults(handler=_check, takes_overrides=True)
+    return check
+
+
+def _check(args: argparse.Namespace) -> int:
+    from jaxmon._experiment.check import check_experiment, format_report
+    from jaxmon._experiment.config_file import load_config
+    from jaxmon._launch import connect
+
+    config = load_config(args.config, args.overrides)
+    connect()
+    report = check_experiment(config)
+    print(json.dumps(report, default=str) if args.json else format_report(report), flush=True)
+    return 0

@@ -1,0 +1,295 @@
+"""`jaxmon inspect` and `jaxmon plot`: what a run's directory holds, and its curves."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+def add_inspect(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon inspect` to `commands` (the main parser's subparsers); returns its parser."""
+    inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
+                                  description="List a run's checkpoints (step, size, time; with a saver's "
+                                              "keep_best, each one's best_metric and the best marked), its "
+                                              "latest metrics and the config it was trained with.")
+    inspect.add_argument("workdir", metavar="DIR")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    inspect.set_defaults(handler=_inspect)
+    return inspect
+
+
+def add_plot(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon plot` to `commands` (the main parser's subparsers); returns its parser."""
+    plot = commands.add_parser("plot", help="PNG curves of runs' scalar summaries (needs matplotlib)",
+                               description="Plot every scalar of each DIR/metrics.jsonl against the step into "
+                                           "one PNG: a run's train and eval values of a metric (loss, eval/loss) "
+                                           "on shared axes, several runs overlaid with a legend (matplotlib: "
+                                           "pip install 'jaxmon[plot]').")
+    plot.add_argument("workdirs", nargs="+", metavar="DIR")
+    plot.add_argument("--out", metavar="PNG",
+                      help="the image to write (default DIR/metrics.png, or ./metrics.png for several runs)")
+    plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
+    plot.set_defaults(handler=_plot)
+    return plot
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = run_info(args.workdir)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    print(f"run {info['workdir']}")
+    if info["checkpoints"]:
+        print(f"checkpoints ({len(info['checkpoints'])}):")
+        for item in info["checkpoints"]:
+            best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
+            mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
+            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}{best}{mark}")
+    else:
+        print("checkpoints: none")
+    if info["metrics"]:
+        print("latest metrics:")
+        width = max(len(tag) for tag in info["metrics"])
+        for tag, (step, value) in sorted(info["metrics"].items()):
+            print(f"  {tag:<{width}}  {value:.6g}  (step {step})")
+    else:
+        print("latest metrics: none (no metrics.jsonl)")
+    if info["config"] is not None:
+        print("config:")
+        for line in json.dumps(info["config"], indent=2, sort_keys=True).splitlines():
+            print(f"  {line}")
+    else:
+        print("config: none saved")
+    return 0
+
+
+def run_info(workdir: str) -> dict[str, Any]:
+    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time; with
+    `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
+    each scalar in metrics.jsonl, and the latest checkpoint's config."""
+    from jaxmon._checkpoint import complete_steps, read_meta
+
+    if not os.path.isdir(workdir):
+        from jaxmon._experiment.config_file import ConfigError
+
+        raise ConfigError(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
+    checkpoints = []
+    for step in complete_steps(workdir):
+        path = os.path.join(workdir, str(step))
+        meta = read_meta(path) or {}
+        when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
+            timespec="seconds")
+        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path)})
+    _rank_best(checkpoints)
+    metrics: dict[str, tuple[int, float]] = {}
+    for record in _records(os.path.join(workdir, "metrics.jsonl")):
+        for tag, value in record.items():
+            if tag not in ("step", "wall_time") and _is_number(value) and math.isfinite(value):
+                metrics[tag] = (record["step"], value)
+    config = None
+    if checkpoints:
+        config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
+    return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config}
+
+
+def _best_metric(path: str) -> dict[str, Any]:
+    """A checkpoint's `best_metric` and its `best_mode`, as Orbax's CheckpointManager keeps them
+    (`STEP/metrics/metrics`, JSON `{"best": value, "mode": "min" or "max"}`); None if absent."""
+    try:
+        with open(os.path.join(path, "metrics", "metrics")) as file:
+            metrics = json.load(file)
+    except (OSError, ValueError):
+        metrics = None
+    value = metrics.get("best") if isinstance(metrics, dict) else None
+    mode = metrics.get("mode") if _is_number(value) else None
+    return {"best_metric": value if _is_number(value) else None, "best_mode": mode, "best_rank": None}
+
+
+def _rank_best(checkpoints: list[dict[str, Any]]) -> None:
+    """Sets each ranked checkpoint's `best_rank`: 1 for the best (ties share a rank)."""
+    ranked = [c for c in checkpoints if c["best_metric"] is not None and c["best_mode"] in ("min", "max")]
+    for item in ranked:
+        sign = 1 if item["best_mode"] == "min" else -1
+        item["best_rank"] = 1 + sum(sign * c["best_metric"] < sign * item["best_metric"] for c in ranked)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    try:
+        plt = _pyplot()
+    except ImportError:
+        print("jaxmon plot needs matplotlib: pip install 'jaxmon[plot]' (or pip install matplotlib).",
+              file=sys.stderr)
+        return 2
+    runs = {}  # each run's label: {tag: (steps, values)}
+    for workdir in args.workdirs:
+        path = os.path.join(workdir, "metrics.jsonl")
+        if not os.path.exists(path):
+            print(f"jaxmon plot: no metrics.jsonl in {workdir!r}; summaries of a run go there "
+                  "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
+            return 2
+        series = read_series(path)
+        if args.tags:
+            missing = sorted(set(args.tags) - set(series))
+            if missing:
+                print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
+                      file=sys.stderr)
+                return 2
+            series = {tag: series[tag] for tag in args.tags}
+        if not series:
+            print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
+            return 2
+        runs[_run_label(workdir, runs)] = series
+    tags = sorted({tag for series in runs.values() for tag in series})
+    figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in args.workdirs))
+    out = args.out or os.path.join(args.workdirs[0] if len(args.workdirs) == 1 else ".", "metrics.png")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    shown = f"{len(runs)} runs, " if len(runs) > 1 else ""
+    print(f"wrote {out} ({shown}{len(tags)} scalars: {', '.join(tags)})")
+    return 0
+
+
+def read_series(path: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for record in _records(path):
+        for tag, value in record.items():
+            if tag not in ("step", "wall_time") and _is_number(value):
+                steps, values = series.setdefault(tag, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+    return series
+
+
+class Line(NamedTuple):
+    """One curve of a panel: `eval` marks an evaluation's values (dashed, with markers)."""
+
+    label: str
+    steps: list[int]
+    values: list[float]
+    color: str
+    eval: bool
+
+
+class Panel(NamedTuple):
+    """One metric's axes: its train and eval curves, on a "linear" or "log" `yscale`."""
+
+    title: str
+    yscale: str
+    lines: tuple[Line, ...]
+
+
+def plot_plan(runs: Mapping[str, Mapping[str, tuple[list[int], list[float]]]]) -> list[Panel]:
+    """What `jaxmon plot` draws of `runs` (`{label: {tag: (steps, values)}}`): one panel per
+    metric, sorted, its eval values ("eval/loss", or any "PREFIX/loss" beside "loss") on
+    the axes of its train values; a log y axis where the positive values span more than
+    two decades. Eval curves are dashed, with markers; one run's train is blue and its eval
+    orange, several runs take a colour each."""
+    grouped: dict[str, list[Line]] = {}
+    for i, (label, series) in enumerate(runs.items()):
+        evals = {tag: tag.partition("/")[2] in series or tag.startswith("eval/") for tag in series}
+        for tag in sorted(series, key=lambda tag: (evals[tag], tag)):  # train first, eval drawn over it
+            rest, is_eval = tag.partition("/")[2], evals[tag]
+            paired = rest in series
+            color = ("C1" if is_eval else "C0") if len(runs) == 1 else f"C{i % 10}"
+            name = tag if len(runs) == 1 else f"{label}: {tag}"
+            grouped.setdefault(rest if paired else tag, []).append(Line(name, *series[tag], color, is_eval))
+    return [Panel(title, _yscale(lines), tuple(lines)) for title, lines in sorted(grouped.items())]
+
+
+def _yscale(lines: list[Line]) -> str:
+    values = [v for line in lines for v in line.values if math.isfinite(v)]
+    return "log" if values and min(values) > 0 and max(values) > 100 * min(values) else "linear"
+
+
+def draw(panels: list[Panel], title: str) -> Any:
+    """The matplotlib figure of `panels` (see `plot_plan`), three panels a row."""
+    plt = _pyplot()
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for line in panel.lines:
+            marker = "o" if line.eval else "." if len(line.steps) < 50 else None
+            ax.plot(line.steps, line.values, color=line.color, marker=marker, markersize=4 if line.eval else 6,
+                    linestyle="--" if line.eval else "-", label=line.label)
+        ax.set_yscale(panel.yscale)
+        ax.set_title(panel.title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="both" if panel.yscale == "log" else "major")
+        if len(panel.lines) > 1 or panel.lines[0].eval:
+            ax.legend(fontsize=7)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:
+    """A short name for a run in a legend: its directory's name, made unique."""
+    label = os.path.basename(os.path.normpath(workdir)) or workdir
+    for n in itertools.count(2):
+        if label not in taken:
+            return label
+        label = f"{os.path.basename(os.path.normpath(workdir))} ({n})"
+    return label
+
+
+def _records(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line cut off by a killed writer, or one without
+    a step, is skipped with a note on stderr."""
+    if not os.path.exists(path):
+        return []
+    records, bad = [], 0
+    with open(path) as file:
+        for line in file:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            elif not (isinstance(record, dict) and set(record) == {"hparams"}):  # the header is no step's
+                bad += 1
+    if bad:
+        print(f"jaxmon: skipped {bad} unreadable line(s) of {path}", file=sys.stderr)
+    return records
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
