@@ -1,4 +1,6 @@
-"""Small Flax models for config-driven experiments (`model: {"name": "jaxmon.models:CNN"}`).
+"""Small Flax models for config-driven experiments (`model: {"name": "jaxmon.models:CNN"}`):
+an `MLP`, a `CNN`, and a causal `Transformer` language model whose parameters carry
+logical axis names (`TRANSFORMER_RULES` shards them over a data/fsdp/tensor mesh).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -10,12 +12,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["CNN", "MLP"]
+__all__ = ["CNN", "MLP", "TRANSFORMER_RULES", "Transformer"]
 
 
 class MLP(nn.Module):
@@ -48,3 +53,186 @@ class CNN(nn.Module):
             if i > 0:
                 x = nn.max_pool(x, (2, 2), strides=(2, 2))
         return MLP(self.features, self.num_outputs)(x)
+
+
+#: Flax logical-axis rules for a mesh with axes ("data", "fsdp", "tensor"): the batch
+#: over data and fsdp, parameters' embedding axis over fsdp (an array whose batch axis
+#: already holds fsdp keeps its embedding axis whole), vocabulary, MLP and heads over
+#: tensor; positions and per-head features unsharded. Use them with
+#: `nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, TRANSFORMER_RULES)`
+#: for the parameters, and `with nn.logical_axis_rules(TRANSFORMER_RULES):` around a
+#: traced call to constrain the activations too.
+TRANSFORMER_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("length", None),
+    ("kv", None),
+)
+
+
+def _partitioned(init: Callable[..., Any], *names: str | None) -> Callable[..., Any]:
+    """`init`, its parameters boxed with the logical axis `names` (one per dimension)."""
+    return nn.with_logical_partitioning(init, names)
+
+
+_DENSE_INIT = nn.initializers.lecun_normal()
+_ZEROS, _ONES = nn.initializers.zeros_init(), nn.initializers.ones_init()
+
+
+def _dense(features: int, names: tuple[str, str], dtype: Any, name: str) -> nn.Dense:
+    """A `Dense(features)` whose kernel has the logical axes `names` (in, out), its bias the last."""
+    return nn.Dense(features, dtype=dtype, name=name, kernel_init=_partitioned(_DENSE_INIT, *names),
+                    bias_init=_partitioned(_ZEROS, names[-1]))
+
+
+def _layer_norm(dtype: Any, name: str) -> nn.LayerNorm:
+    """A LayerNorm over the embedding axis, its scale and bias named "embed"."""
+    return nn.LayerNorm(dtype=dtype, name=name, scale_init=_partitioned(_ONES, "embed"),
+                        bias_init=_partitioned(_ZEROS, "embed"))
+
+
+class _DenseGeneral(nn.Module):
+    """`x @ kernel + bias` contracting the last `len(names) - len(features)` axes of `x`,
+    the kernel of shape (those axes) + `features` made whole, with the logical axes
+    `names` (its LeCun-normal fan-in: the contracted axes), the bias `features` with
+    the last names (none with `use_bias=False`). (`nn.DenseGeneral` initialises a flat kernel and reshapes it, which
+    fails under a global mesh when the kernel carries more names than the flat shape.)"""
+
+    features: tuple[int, ...]
+    names: tuple[str, ...]
+    dtype: Any = jnp.float32
+    use_bias: bool = True
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        n_in = len(self.names) - len(self.features)
+        contracted = tuple(range(n_in))
+        init = nn.initializers.lecun_normal(in_axis=contracted, out_axis=tuple(range(n_in, len(self.names))))
+        kernel = self.param("kernel", _partitioned(init, *self.names), x.shape[-n_in:] + tuple(self.features))
+        x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+        y = jnp.tensordot(x, kernel, axes=(tuple(range(x.ndim - n_in, x.ndim)), contracted))
+        if not self.use_bias:
+            return y
+        bias = self.param("bias", _partitioned(_ZEROS, *self.names[n_in:]), tuple(self.features)).astype(y.dtype)
+        return y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+
+
+class _CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: q, k, v of shape (batch, length, heads, kv),
+    each position attending to itself and the positions before it. The keys have no
+    bias: it would add the same amount to each of a query's scores, which the softmax
+    ignores (its gradient is zero but for rounding, which Adam would amplify)."""
+
+    num_heads: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        embed_dim = x.shape[-1]
+        if embed_dim % self.num_heads:
+            raise ValueError(f"Transformer embed_dim={embed_dim} is not a multiple of num_heads={self.num_heads}; "
+                             "give an embed_dim that num_heads divides.")
+        head_dim = embed_dim // self.num_heads
+
+        def project(name: str) -> jnp.ndarray:
+            dense = _DenseGeneral((self.num_heads, head_dim), ("embed", "heads", "kv"), self.dtype,
+                                  use_bias=name != "key", name=name)
+            return nn.with_logical_constraint(dense(x), ("batch", "length", "heads", "kv"))
+
+        q, k, v = project("query"), project("key"), project("value")
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(head_dim)
+        length = x.shape[1]
+        causal = jnp.tril(jnp.ones((1, 1, length, length), bool))
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        heads = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        return _DenseGeneral((embed_dim,), ("heads", "kv", "embed"), self.dtype, name="out")(heads)
+
+
+class _Block(nn.Module):
+    """A pre-norm block: `x + attention(norm(x))`, then `x + mlp(norm(x))`."""
+
+    num_heads: int
+    mlp_dim: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        embed_dim = x.shape[-1]
+        attention = _CausalSelfAttention(self.num_heads, self.dtype, name="attention")
+        x = x + attention(_layer_norm(self.dtype, "attention_norm")(x))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        h = _dense(self.mlp_dim, ("embed", "mlp"), self.dtype, "mlp_in")(_layer_norm(self.dtype, "mlp_norm")(x))
+        h = nn.with_logical_constraint(nn.gelu(h), ("batch", "length", "mlp"))
+        h = _dense(embed_dim, ("mlp", "embed"), self.dtype, "mlp_out")(h)
+        return nn.with_logical_constraint(x + h, ("batch", "length", "embed"))
+
+
+class Transformer(nn.Module):
+    """A decoder-only causal transformer language model: token embeddings plus learned
+    positions, `num_layers` pre-norm blocks (causal multi-head self-attention, then a
+    GELU MLP), a final LayerNorm and a linear read-out to the vocabulary.
+
+    Every parameter carries flax logical axis names ("vocab", "embed", "length",
+    "heads", "kv", "mlp"): `nn.get_partition_spec(jax.eval_shape(model.init, ...))`
+    gives their logical specs, which `TRANSFORMER_RULES` maps onto a
+    ("data", "fsdp", "tensor") mesh. `model.init` returns the parameters boxed
+    (`nn.LogicallyPartitioned`); `nn.meta.unbox` gives the plain arrays, and
+    `apply` takes either.
+
+    Attributes:
+      vocab_size: the number of token ids (inputs are ints in `[0, vocab_size)`).
+      max_len: the longest input; the number of learned positions.
+      num_layers: the number of transformer blocks.
+      num_heads: attention heads per block (they divide `embed_dim`).
+      embed_dim: the width of the residual stream.
+      mlp_dim: the width of each block's hidden MLP layer.
+      dtype: the computation dtype (parameters stay float32; the attention softmax
+        and the returned logits are float32).
+
+    Example (shapes only: `jax.eval_shape` runs nothing):
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from jaxmon.models import TRANSFORMER_RULES, Transformer
+      >>> model = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2)
+      >>> tokens = jnp.ones((3, 5), jnp.int32)
+      >>> boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)["params"]
+      >>> spec = nn.get_partition_spec(boxed)["block_0"]["attention"]["query"]["kernel"]
+      >>> tuple(spec), tuple(nn.logical_to_mesh_axes(spec, TRANSFORMER_RULES))
+      (('embed', 'heads', 'kv'), ('fsdp', 'tensor', None))
+      >>> params = nn.meta.unbox(boxed)
+      >>> params["block_0"]["attention"]["query"]["kernel"].shape  # (embed, heads, kv)
+      (8, 2, 4)
+      >>> jax.eval_shape(model.apply, {"params": params}, tokens).shape
+      (3, 5, 11)
+    """
+
+    vocab_size: int
+    max_len: int
+    num_layers: int = 2
+    num_heads: int = 4
+    embed_dim: int = 64
+    mlp_dim: int = 256
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
+        """Logits (batch, length, vocab_size), float32, of int `tokens` (batch, length),
+        those at position t computed from `tokens[:, :t + 1]` only."""
+        if tokens.ndim != 2 or tokens.shape[1] > self.max_len:
+            raise ValueError(f"Transformer takes int tokens of shape (batch, length) with length <= "
+                             f"max_len={self.max_len}; got shape {tokens.shape}. Give a larger max_len or "
+                             "shorter rows.")
+        embed = nn.Embed(self.vocab_size, self.embed_dim, dtype=self.dtype, name="embed",
+                         embedding_init=_partitioned(nn.initializers.normal(1.0), "vocab", "embed"))
+        position = self.param("position", _partitioned(nn.initializers.normal(0.02), "length", "embed"),
+                              (self.max_len, self.embed_dim))
+        x = embed(tokens) + jnp.asarray(position[None, :tokens.shape[1]], self.dtype)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        for i in range(self.num_layers):
+            x = _Block(self.num_heads, self.mlp_dim, self.dtype, name=f"block_{i}")(x)
+        x = _layer_norm(self.dtype, "final_norm")(x)
+        logits = _dense(self.vocab_size, ("embed", "vocab"), self.dtype, "readout")(x)
+        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -1,4 +1,6 @@
-"""Small datasets shipped with jaxmon, for examples and tests that must work offline.
+"""Small datasets shipped with jaxmon, for examples and tests that must work offline:
+`digits` (images, 10 classes) and `python_text` (standard-library sources as packed
+rows of byte tokens, for a character language model).
 
 Example:
   >>> import jaxmon as jm
@@ -15,9 +17,11 @@ import pathlib
 
 import numpy as np
 
+from jaxmon.datasets._python_text import PYTHON_TEXT_VOCAB, python_text, unigram_entropy
+
 _HERE = pathlib.Path(__file__).parent
 
-__all__ = ["digits"]
+__all__ = ["PYTHON_TEXT_VOCAB", "digits", "python_text", "unigram_entropy"]
 
 
 @functools.cache

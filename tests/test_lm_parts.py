@@ -1,0 +1,245 @@
+"""The parts of the character language model: `jaxmon.models.Transformer` (shapes,
+causality, logical partitioning under `TRANSFORMER_RULES`), `jaxmon.datasets.python_text`
+(packed rows of the standard library's sources) and `unigram_entropy`, and
+`configs/lm.py`, which joins them."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import cpu_env
+from jax.sharding import PartitionSpec as P
+
+import jaxmon as jm
+from jaxmon.datasets import PYTHON_TEXT_VOCAB, python_text, unigram_entropy
+from jaxmon.models import TRANSFORMER_RULES, Transformer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODEL = Transformer(vocab_size=16, max_len=8, num_layers=2, num_heads=2, embed_dim=8, mlp_dim=12)
+MODULES = ("heapq", "textwrap")  # ~43,000 characters
+
+
+@pytest.fixture(scope="module")
+def params():
+    """Random parameters of MODEL's shapes, unboxed (its initialisers' random numbers
+    take seconds to compile on a CPU; the 8-device test runs them)."""
+    boxed = jax.eval_shape(MODEL.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    rng = np.random.default_rng(0)
+    return jax.tree.map(lambda leaf: jnp.asarray(rng.normal(0.0, 0.5, leaf.shape), jnp.float32),
+                        nn.meta.unbox(boxed))
+
+
+@pytest.fixture(scope="module")
+def apply():
+    return jax.jit(MODEL.apply)
+
+
+def source_stream(modules=MODULES) -> np.ndarray:
+    """The modules' sources, read here, as the ASCII codes python_text should give."""
+    text = "\n".join(pathlib.Path(inspect.getsourcefile(__import__(name))).read_text(encoding="utf-8")
+                     for name in modules)
+    return np.array([ord(c) if 0 < ord(c) < 128 else ord("?") for c in text], np.int32)
+
+
+def unpack(split: dict[str, np.ndarray]) -> np.ndarray:
+    """The stream of a split back from its rows: each row's first input, then its targets; padding dropped."""
+    rows = np.concatenate([split["x"][:, :1], split["y"]], axis=1).ravel()
+    return rows[rows != 0]
+
+
+# Transformer
+
+
+def test_transformer_maps_tokens_to_logits(params, apply):
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 16, (3, 8)), jnp.int32)
+    logits = apply({"params": params}, tokens)
+    assert logits.shape == (3, 8, 16) and logits.dtype == jnp.float32
+    assert np.isfinite(np.asarray(logits)).all()
+    shorter = apply({"params": params}, tokens[:, :5])  # fewer positions than max_len
+    np.testing.assert_allclose(shorter, logits[:, :5], rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_logits_at_t_ignore_later_tokens(params, apply):
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(1, 16, (2, 8))
+    base = np.asarray(apply({"params": params}, jnp.asarray(tokens, jnp.int32)))
+    for t in range(7):
+        changed = tokens.copy()
+        changed[:, t + 1:] = rng.integers(1, 16, (2, 7 - t))
+        logits = np.asarray(apply({"params": params}, jnp.asarray(changed, jnp.int32)))
+        np.testing.assert_allclose(logits[:, :t + 1], base[:, :t + 1], rtol=1e-5, atol=1e-5)
+        assert not np.allclose(logits[:, t + 1:], base[:, t + 1:])  # later positions do see them
+
+
+def test_transformer_parameters_have_their_logical_axes_and_mesh_specs(params):
+    abstract = jax.eval_shape(MODEL.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    logical = nn.get_partition_spec(abstract)
+    mesh_specs = nn.logical_to_mesh(logical, TRANSFORMER_RULES)
+    attention = mesh_specs["block_0"]["attention"]
+    assert logical["block_0"]["attention"]["query"]["kernel"] == P("embed", "heads", "kv")
+    assert logical["position"] == P("length", "embed")
+    expected = {
+        ("embed", "embedding"): P("tensor", "fsdp"),
+        ("position",): P(None, "fsdp"),
+        ("readout", "kernel"): P("fsdp", "tensor"),
+        ("readout", "bias"): P("tensor"),
+        ("final_norm", "scale"): P("fsdp"),
+        ("block_1", "mlp_in", "kernel"): P("fsdp", "tensor"),
+        ("block_1", "mlp_out", "kernel"): P("tensor", "fsdp"),
+        ("block_1", "mlp_out", "bias"): P("fsdp"),
+        ("block_1", "attention_norm", "bias"): P("fsdp"),
+    }
+    for path, spec in expected.items():
+        node = mesh_specs
+        for key in path:
+            node = node[key]
+        assert node == spec, path
+    for name in ("query", "key", "value"):
+        assert attention[name]["kernel"] == P("fsdp", "tensor", None)
+    assert attention["query"]["bias"] == attention["value"]["bias"] == P("tensor", None)
+    assert "bias" not in attention["key"]  # a key bias shifts all of a query's scores alike: no gradient
+    assert attention["out"]["kernel"] == P("tensor", None, "fsdp")
+    # Every parameter is annotated, one name per dimension.
+    flat_specs = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, P))
+    flat_params = jax.tree.leaves(params)
+    assert len(flat_specs) == len(flat_params) == 1 + 1 + 2 * 15 + 2 + 2  # embed, positions, blocks, norm, read-out
+    assert [len(spec) for spec in flat_specs] == [leaf.ndim for leaf in flat_params]
+    assert params["block_0"]["attention"]["query"]["kernel"].shape == (8, 2, 4)  # (embed, heads, kv)
+    assert params["block_0"]["attention"]["out"]["kernel"].shape == (2, 4, 8)  # (heads, kv, embed)
+
+
+def test_transformer_rules_shard_the_batch_before_the_embedding():
+    assert nn.logical_to_mesh_axes(("batch", "length", "embed"), TRANSFORMER_RULES) == P(("data", "fsdp"), None, None)
+    assert nn.logical_to_mesh_axes(("batch", "length", "vocab"), TRANSFORMER_RULES) == P(("data", "fsdp"), None,
+                                                                                         "tensor")
+
+
+def test_transformer_refuses_rows_longer_than_max_len_and_odd_heads(params):
+    with pytest.raises(ValueError, match=r"max_len=8; got shape \(1, 9\)"):
+        jax.eval_shape(MODEL.apply, {"params": params}, jnp.zeros((1, 9), jnp.int32))
+    odd = Transformer(vocab_size=4, max_len=2, num_heads=3, embed_dim=8)
+    with pytest.raises(ValueError, match="embed_dim=8 is not a multiple of num_heads=3"):
+        jax.eval_shape(odd.init, jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
+
+
+_SHARDED = textwrap.dedent("""
+    import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+    from jaxmon.models import TRANSFORMER_RULES, Transformer
+    model = Transformer(vocab_size=16, max_len=8, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=12)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 16, (4, 8)), jnp.int32)
+    boxed = jax.jit(model.init)(jax.random.key(0, impl="rbg"), tokens)["params"]
+    assert isinstance(boxed["block_0"]["attention"]["query"]["kernel"], nn.LogicallyPartitioned)
+    params = nn.meta.unbox(boxed)
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))  # a box is a leaf here
+    assert len(leaves) == 2 + 15 + 4 and all(isinstance(leaf, jax.Array) for leaf in leaves)
+    expected = jax.jit(model.apply)({"params": params}, tokens)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, TRANSFORMER_RULES)
+    sharded = jax.device_put(params, shardings)
+    assert sharded["readout"]["kernel"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+    assert len(sharded["readout"]["kernel"].addressable_shards[0].data.reshape(-1)) == 8 * 16 // 4
+    with jax.set_mesh(mesh), nn.logical_axis_rules(TRANSFORMER_RULES):  # activations constrained too
+        batch = jax.device_put(tokens, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"))))
+        logits = jax.jit(model.apply)({"params": sharded}, batch)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    print("sharding", tuple(logits.sharding.spec))
+""")
+
+
+def test_transformer_applies_sharded_over_an_8_device_mesh():
+    """Parameters placed by TRANSFORMER_RULES on a 2x2x2 mesh, applied under a global
+    mesh and the rules (the activations constrained too), give the unsharded logits."""
+    result = subprocess.run([sys.executable, "-c", _SHARDED], env=cpu_env(8), cwd=ROOT, capture_output=True,
+                            text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sharding (('data', 'fsdp'), None, 'tensor')" in result.stdout
+
+
+# python_text and unigram_entropy
+
+
+def test_python_text_is_the_sources_packed_into_shifted_rows():
+    train = python_text("train", seq_len=16, test_fraction=0.25, modules=MODULES)
+    test = python_text("test", seq_len=16, test_fraction=0.25, modules=MODULES)
+    stream = source_stream()
+    cut = round(len(stream) * 0.75)
+    np.testing.assert_array_equal(unpack(train), stream[:cut])  # train: the start of the stream
+    np.testing.assert_array_equal(unpack(test), stream[cut:])  # test: the rest, in order, no overlap
+    for split in (train, test):
+        assert split["x"].dtype == split["y"].dtype == np.int32
+        assert split["x"].shape == split["y"].shape and split["x"].shape[1] == 16
+        np.testing.assert_array_equal(split["x"][:, 1:], split["y"][:, :-1])  # y is x shifted by one
+        assert (split["y"][:-1] != 0).all() and (split["x"][:-1] != 0).all()  # every row full but the last
+        assert split["y"][-1, 0] != 0 and split["y"].max() < PYTHON_TEXT_VOCAB
+    assert len(train["x"]) == math.ceil(cut / 17) or len(train["x"]) == cut // 17  # a 1-token rest makes no row
+
+
+def test_python_text_is_deterministic_and_validation_is_test():
+    first = python_text("validation", seq_len=32, modules=MODULES)
+    second = python_text("test", seq_len=32, modules=list(MODULES))  # a config's list works too
+    for key in ("x", "y"):
+        np.testing.assert_array_equal(first[key], second[key])
+    default = python_text("test", seq_len=128)
+    assert default["x"].shape[1] == 128 and len(default["x"]) > 100  # the default modules: ~21,000 test chars
+
+
+def test_python_text_replaces_non_ascii_and_pads_with_zero():
+    stream = source_stream(("shlex",))  # holds non-ASCII letters
+    rows = python_text("train", seq_len=1000, test_fraction=0.01, modules=("shlex",))
+    assert (stream == ord("?")).sum() > 50
+    np.testing.assert_array_equal(unpack(rows), stream[:round(len(stream) * 0.99)])
+    last = rows["y"][-1]
+    real = int((last != 0).sum())
+    assert 0 < real < 1000 and (last[real:] == 0).all()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"split": "dev"}, r"split must be 'train', 'test' or 'validation'; got 'dev'"),
+    ({"seq_len": 0}, "seq_len must be a positive int; got 0"),
+    ({"test_fraction": 1.0}, "test_fraction must be between 0 and 1; got 1.0"),
+    ({"modules": "textwrap"}, r"modules must be a sequence of module names; got the string 'textwrap'"),
+    ({"modules": ("sys",)}, "module 'sys' has no Python source file"),
+    ({"modules": ("no_such_module_here",)}, "cannot import module 'no_such_module_here'"),
+])
+def test_python_text_errors_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        python_text(**{"split": "train", **kwargs})
+
+
+def test_unigram_entropy_of_known_distributions():
+    assert unigram_entropy(np.array([5, 5, 5])) == 0.0
+    assert unigram_entropy(np.array([[1, 2], [0, 0]])) == pytest.approx(math.log(2))  # padding left out
+    assert unigram_entropy(np.array([3, 3, 7, 9, 0])) == pytest.approx(1.5 * math.log(2))  # p = 1/2, 1/4, 1/4
+    text = python_text("train", seq_len=64, modules=MODULES)["y"]
+    assert 2.5 < unigram_entropy(text) < math.log(PYTHON_TEXT_VOCAB - 1)
+    with pytest.raises(ValueError, match="no non-zero token ids"):
+        unigram_entropy(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="non-negative int token ids; got dtype float"):
+        unigram_entropy(np.array([1.0, 2.0]))
+
+
+# configs/lm.py
+
+
+def test_lm_config_builds_its_model_and_data():
+    config = jm.load_config(ROOT / "configs" / "lm.py")
+    model_config, data_config = dict(config["model"]), dict(config["data"])
+    assert model_config.pop("name") == "jaxmon.models:Transformer" and config["task"] == "lm"
+    assert data_config.pop("source") == "jaxmon.datasets:python_text"
+    model = Transformer(**model_config)
+    test = python_text(data_config["eval_split"], seq_len=data_config["seq_len"],
+                       test_fraction=data_config["test_fraction"])
+    assert model.vocab_size == PYTHON_TEXT_VOCAB and model.max_len == data_config["seq_len"]
+    logits = jax.eval_shape(lambda: model.apply(model.init(jax.random.PRNGKey(0), test["x"][:2]), test["x"][:2]))
+    assert logits.shape == (2, data_config["seq_len"], PYTHON_TEXT_VOCAB)
+    assert config["optimizer"]["learning_rate"]["decay_steps"] == config["steps"]
