@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from jaxmon._cli_runs import _size
 
 _CHECK = """\
 Build what a config describes and compile one training step, without training: print
@@ -31,7 +34,7 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from jaxmon._experiment.check import check_experiment, format_report
+    from jaxmon._experiment.check import check_experiment
     from jaxmon._experiment.config_file import load_config
     from jaxmon._launch import connect
 
@@ -40,3 +43,31 @@ def _check(args: argparse.Namespace) -> int:
     report = check_experiment(config)
     print(json.dumps(report, default=str) if args.json else format_report(report), flush=True)
     return 0
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report of `check_experiment` as the text `jaxmon check` prints."""
+    lines = ["config:", *("  " + line for line in json.dumps(report["config"], indent=2, default=str).splitlines())]
+    lines.append("parameters:")
+    lines += [f"  {name:<24} {count:>14,}" for name, count in report["parameters"].items()]
+    mesh = report["mesh"]
+    lines.append("mesh: " + ("none (one device)" if mesh is None else
+                             " x ".join(f"{name}={size}" for name, size in mesh.items())) +
+                 f"  devices: {', '.join(report['devices'])}")
+    params = [row for row in report["state"] if row["path"].startswith("state.params")] or report["state"]
+    rest = [row for row in report["state"] if row not in params]
+    lines.append("parameters (path, shape, dtype, sharding):")
+    width = max((len(row["path"]) for row in params), default=0)
+    lines += [f"  {row['path']:<{width}}  {str(tuple(row['shape'])):<18} {row['dtype']:<8} {row['sharding']}"
+              for row in params]
+    if rest:
+        split = sum(row["sharding"] not in ("replicated", "one device") for row in rest)
+        lines.append(f"other state (optimizer, step): {len(rest)} arrays, {split} split like their parameters "
+                     "(--json lists each)")
+    lines.append("batch (global):")
+    lines += [f"  {key}: {tuple(value['shape'])} {value['dtype']}"
+              + (f"  {value['sharding']}" if value["sharding"] else "") for key, value in report["batch"].items()]
+    memory = report["memory_per_device"]
+    lines.append("compiled step, per device: " + ", ".join(f"{name} {_size(n)}" for name, n in memory.items()))
+    lines.append(f"compile time: {report['compile_secs']:.2f} s")
+    return "\n".join(lines)

@@ -4,7 +4,6 @@ compiled step's memory per device and compile time."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping
@@ -18,12 +17,12 @@ from jax.sharding import PartitionSpec as P
 from jaxmon._experiment.keys import check_top_level
 from jaxmon._experiment.parts import Parts, parts_of
 
-__all__ = ["check_experiment", "format_report"]
+__all__ = ["check_experiment"]
 
 
 def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
     """Builds everything `config` describes but trains nothing: compiles one step on
-    the run's devices and returns the report `format_report` prints (JSON-able).
+    the run's devices and returns the report `jaxmon check` prints (JSON-able).
 
     Raises:
       ConfigError: as `jaxmon train` would, before anything ran (a `ShardingError`
@@ -88,39 +87,3 @@ def _compile(parts: Parts, abstract: Any, batch: Mapping[str, jax.ShapeDtypeStru
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
               "generated_code_size_in_bytes")
     return seconds, {name.removesuffix("_size_in_bytes"): int(getattr(analysis, name, 0) or 0) for name in fields}
-
-
-def format_report(report: Mapping[str, Any]) -> str:
-    """The report of `check_experiment` as the text `jaxmon check` prints."""
-    lines = ["config:", *("  " + line for line in json.dumps(report["config"], indent=2, default=str).splitlines())]
-    lines.append("parameters:")
-    lines += [f"  {name:<24} {count:>14,}" for name, count in report["parameters"].items()]
-    mesh = report["mesh"]
-    lines.append("mesh: " + ("none (one device)" if mesh is None else
-                             " x ".join(f"{name}={size}" for name, size in mesh.items())) +
-                 f"  devices: {', '.join(report['devices'])}")
-    params = [row for row in report["state"] if row["path"].startswith("state.params")] or report["state"]
-    rest = [row for row in report["state"] if row not in params]
-    lines.append("parameters (path, shape, dtype, sharding):")
-    width = max((len(row["path"]) for row in params), default=0)
-    lines += [f"  {row['path']:<{width}}  {str(tuple(row['shape'])):<18} {row['dtype']:<8} {row['sharding']}"
-              for row in params]
-    if rest:
-        split = sum(row["sharding"] not in ("replicated", "one device") for row in rest)
-        lines.append(f"other state (optimizer, step): {len(rest)} arrays, {split} split like their parameters "
-                     "(--json lists each)")
-    lines.append("batch (global):")
-    lines += [f"  {key}: {tuple(value['shape'])} {value['dtype']}"
-              + (f"  {value['sharding']}" if value["sharding"] else "") for key, value in report["batch"].items()]
-    memory = report["memory_per_device"]
-    lines.append("compiled step, per device: " + ", ".join(f"{name} {_size(n)}" for name, n in memory.items()))
-    lines.append(f"compile time: {report['compile_secs']:.2f} s")
-    return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
