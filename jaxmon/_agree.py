@@ -18,11 +18,15 @@ after the run that ends at
 - the last step for which some process still has a batch taken ahead.
 
 Between two agreement points no process waits for another: each knows the next one,
-and has its batches up to it taken ahead. A stop request made between them (a
-chief-only one, say) takes effect at the next. A process that dies between them makes
-the others raise `PeerError` when a step's collective fails for it (at once on CPU,
-where gloo reports the closed connection), at the latest at the next agreement; where
-a collective hangs instead, JAX's heartbeat timeout aborts the survivors.
+and has its batches up to it taken ahead. With `steps_per_dispatch`, a run never
+crosses the next agreement point; as no hook of any process acts before it (a hook's
+exact trigger is an agreement point), every process cuts its runs at the same steps
+(the largest powers of two that fit) and dispatches the same programs. A stop request
+made between them (a chief-only one, say) takes effect at the next. A process that
+dies between them makes the others raise `PeerError` when a step's collective fails
+for it (at once on CPU, where gloo reports the closed connection), at the latest at
+the next agreement; where a collective hangs instead, JAX's heartbeat timeout aborts
+the survivors.
 """
 
 from __future__ import annotations
@@ -175,8 +179,8 @@ class AgreedRuns:
             if self._stopping.decided:
                 raise StopIteration("Every JAX process stops before its first run: one of them asked to stop "
                                     "or has no data.")
-        if batch is None and self._batches.has_data:
-            batch = self._batches.next_one()
+        if batch is None and self._batches.has_data:  # a run of several steps never crosses an agreement point
+            batch = self._batches.next(self._session.step, self.next - self._session.step)
         before, error, result = self._session.step, None, None
         try:
             result = run_once(batch)

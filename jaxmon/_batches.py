@@ -65,9 +65,10 @@ class BatchSource:
         self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
 
-    def next(self, step: int) -> Any:
+    def next(self, step: int, limit: int | None = None) -> Any:
         """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
-        next trigger after `step` allows (a power of two)."""
+        next trigger after `step` and `limit` (the most steps the run may take: with
+        several processes, those to their next agreement) allow (a power of two)."""
         if self._steps_per_dispatch == 1:
             if not self._prefetch and not self._buffer and self._deferred is None:
                 return next(self._data)
@@ -77,7 +78,8 @@ class BatchSource:
             except Exception as error:  # raised when that batch is due, not now (as the data's end)
                 self._deferred = error
             return batch
-        length = _power_of_two(self._run_limit(step, self._steps_per_dispatch))
+        most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
+        length = _power_of_two(self._run_limit(step, most))
         if len(self._buffer) < length:
             if self._positions is None:  # no position to keep with each: take them in one go
                 self._buffer.extend([batch, None, False]
@@ -267,4 +269,20 @@ def one_step(batch: Any, length: int) -> Any:
         return abstract(batch)
     if isinstance(batch, list):
         return abstract(batch[0])
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), abstract(batch))
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype, sharding=_steps_axis(s.sharding, -1)),
+                        abstract(batch))
+
+
+def abstract_run(one: Any, steps: int) -> Any:
+    """The abstract batch of a run of `steps` steps stacked, from one step's `one` (as
+    `one_step` gives it): a sharding on a mesh keeps the steps axis whole."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct((steps, *s.shape), s.dtype,
+                                                       sharding=_steps_axis(s.sharding, +1)), one)
+
+
+def _steps_axis(sharding: Any, change: int) -> Any:
+    """`sharding` for a leaf with a leading steps axis added (+1) or taken away (-1)."""
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return sharding  # None, or one device's, whatever the rank
+    spec = (None, *sharding.spec) if change > 0 else tuple(sharding.spec)[1:]
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from jaxmon import _errors, _fetches, _sharding
+from jaxmon._batches import on_device
 from jaxmon._hook import Hook
 from jaxmon._hook_runner import RunPlan, RunResult
 from jaxmon._metrics import Accumulators
@@ -33,11 +34,13 @@ class Dispatch:
       accumulators: the hooks' accumulators, updated inside every step.
       steps_per_dispatch: the most steps of one run; every power of two up to it is a
         run length that the step is compiled for ahead (see `CompiledStep`).
+      scan_unroll: how far the `lax.scan` of a run of several steps is unrolled (see
+        `_scan_unroll.resolve_scan_unroll`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
                  max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
-                 steps_per_dispatch: int = 1):
+                 steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto"):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
@@ -45,7 +48,8 @@ class Dispatch:
         lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
         self._accumulators = accumulators if accumulators is not None and accumulators.active else None
         self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
-                                      accumulate=self._accumulators and self._accumulators.update)
+                                      accumulate=self._accumulators and self._accumulators.update,
+                                      unroll=scan_unroll)
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
@@ -74,20 +78,24 @@ class Dispatch:
         fed, fetches, fetching = batch, NOTHING_FETCHED, ()
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
             fed, fetches, fetching = _requests(batch, plan, wanted, length)
-        if self._placement is not None:
-            fed = self._placement.place_batch(fed)
+        listed = None
+        if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
+            listed = len(self._compiled.lengths) > 1 and (isinstance(batch, list) if length > 1 else on_device(batch))
+            unfed = fed is batch
+            fed = self._placement.place_batch(fed, length)
+            batch = fed if unfed else batch
         accumulators = self._accumulators
         try:
             if accumulators is None:
                 new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, length,
-                                                             unfed=batch, step=step)
+                                                             unfed=batch, step=step, listed=listed)
             else:
                 carry = accumulators.carry
                 if carry is None:  # the first run since the state was created
                     carry = accumulators.prepare(self._compiled.step_fn, state, fed, length, step,
                                                  _carry_sharding(state, self._placement))
                 new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, length,
-                                                                    carry, batch, step)
+                                                                    carry, batch, step, listed)
                 accumulators.advance(carry)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":

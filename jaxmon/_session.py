@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from jaxmon import _agree, _errors, _fetches, _sharding
+from jaxmon import _agree, _errors, _fetches, _scan_unroll, _sharding
 from jaxmon._batches import BatchSource, as_run
 from jaxmon._dispatch import Dispatch
 from jaxmon._hook import Hook
@@ -59,10 +59,16 @@ class MonitoredSession:
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
       handle_sigterm: on SIGTERM, or Ctrl-C inside `with`, save at the next step boundary and stop.
       mesh: a `jax.sharding.Mesh` the state and batches are placed on (see the README, "Scaling out").
-      state_sharding: None (replicated), a `PartitionSpec`, a prefix pytree of them, or `fn(abstract_state)`.
+      state_sharding: None (each leaf keeps the `NamedSharding` on `mesh` that `init_fn` gave it, the others
+        replicated), a `PartitionSpec`, a prefix pytree of them, or `fn(abstract_state)`.
       batch_sharding: the same for batches; None shards every batch array's leading axis over the whole mesh.
       steps_per_dispatch: up to this many steps per `run()`, scanned in one dispatch and cut at every hook's exact
-        step-based trigger (see the README, "Speed"). One process, no mesh.
+        step-based trigger (see the README, "Speed"); with a mesh, each step's batch sharded as `batch_sharding`
+        says; with several processes (the same on each), also cut at every agreement point.
+      scan_unroll: the `unroll` of a multi-step run's `lax.scan`: an int >= 1 (1: a loop), True (fully), or "auto":
+        a loop, with the step's convolutions rewritten on CPU into the form XLA's CPU kernel takes (as JAX makes
+        them, the digits CNN ran 14x slower per step in a loop; fully unrolled, 8 steps compiled 3x longer, 32
+        steps 14x); see the README, "Speed".
       max_dispatch_ahead: at most this many steps queued without waiting for one ("auto": 16 on several CPU
         devices, else None).
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
@@ -90,15 +96,17 @@ class MonitoredSession:
                  config: Mapping[str, Any] | None = None, stop_grace_period_secs: float = 120,
                  handle_sigterm: bool = True, mesh: jax.sharding.Mesh | None = None, state_sharding: Any = None,
                  batch_sharding: Any = None, max_dispatch_ahead: int | None | str = "auto",
-                 steps_per_dispatch: int = 1, prefetch: int = 2, agree_every_n_steps: int = 16):
+                 steps_per_dispatch: int = 1, prefetch: int = 2, agree_every_n_steps: int = 16,
+                 scan_unroll: int | bool | str = "auto"):
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                         state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps)
+                         state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
+                         scan_unroll)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         self._runner = HookRunner(hooks)
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
-                                  steps_per_dispatch=steps_per_dispatch)
+                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
@@ -186,7 +194,8 @@ class MonitoredSession:
         plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
         self._state, self._step = result.state, self._step + length
-        self._stopping.after_run(self._step)  # several processes: JAX's preemption sync point
+        for done in range(self._step - length + 1, self._step + 1):  # JAX's preemption sync point sees every step
+            self._stopping.after_run(done)
         read = plan.readers and self._accumulators.read(self._step, plan.readers)
         caller = self._runner.after_run(plan, result, self._step, read)
         return result.outputs if caller is None else caller
@@ -341,7 +350,8 @@ def _refuse_run(closed: bool) -> None:
 
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
-                     state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps) -> None:
+                     state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
+                     scan_unroll) -> None:
     """The checks of `MonitoredSession`'s arguments that need no state."""
     if (init_fn is None) == (state is None):
         raise ValueError(
@@ -365,9 +375,7 @@ def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_pe
     _errors.check_int("steps_per_dispatch", steps_per_dispatch, minimum=1)
     _errors.check_int("prefetch", prefetch)
     _errors.check_int("agree_every_n_steps", agree_every_n_steps, minimum=1)
-    if steps_per_dispatch > 1 and (mesh is not None or jax.process_count() > 1):
-        raise ValueError(f"steps_per_dispatch={steps_per_dispatch} works on one process without mesh= for now; "
-                         "use steps_per_dispatch=1 with a mesh or several processes.")
+    _scan_unroll.check_scan_unroll(scan_unroll)
 
 
 def _quietly(fn: Callable[[], None], what: str) -> None:

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmon._batches import abstract, on_device, one_step, stack_leaves
+from jaxmon._batches import abstract, abstract_run, on_device, one_step, stack_leaves
 from jaxmon._fetches import FetchSpec, paths
+from jaxmon._scan_unroll import canonical_convolutions, convolves, platform_of, resolve_scan_unroll
 
 logger = logging.getLogger("jaxmon")
 #: How long each compilation took (INFO), under its own name so that it can be silenced.
@@ -85,10 +86,14 @@ class CompiledStep:
     sleeps through), ahead of time in a background thread while the first runs
     execute: a run cut short for a trigger, or by the end of the data, finds its
     program compiled (or waits only for the rest of its compilation).
+
+    `unroll` is the session's `scan_unroll`: how far the `lax.scan` of a run of several
+    steps is unrolled ("auto": see `_scan_unroll.resolve_scan_unroll`, decided at the
+    first call by the platform of the state's devices and whether the step convolves).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
-                 accumulate: Callable[..., tuple[Any, Any]] | None = None):
+                 accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1):
         check_step_fn(step_fn)
         self.step_fn = step_fn
         self._donate = (0,) if donate_state else ()
@@ -104,6 +109,7 @@ class CompiledStep:
         # hooks' accumulators, traced into every step (see `_metrics.Accumulators.update`).
         self._accumulate = accumulate
         self._state_constraint: Callable[[Any], Any] | None = None
+        self._unroll, self._platform, self._convolves = unroll, None, False
 
     @property
     def trace_count(self) -> int:
@@ -119,17 +125,22 @@ class CompiledStep:
         self._state_constraint = constraint
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0):
+                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0, listed: bool | None = None):
         """One dispatch after `step`: one step, or with `length` > 1 that many steps
         scanned over the leading axis of `batch` (outputs and fetches of the last
         step). With `accumulate`, `carry` is the accumulators before the run; the call
         then returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
-        without the hooks' feeds (the batch of a run without hooks), when they differ."""
+        without the hooks' feeds (the batch of a run without hooks), when they differ.
+        `listed`: whether runs of several steps get their batches as a list (see
+        `as_run`), for the programs compiled ahead; None: as `batch` shows (not so
+        for batches a sharded session placed on its mesh)."""
         self._step = step
         variant = self._variants.get((key, length))
         if variant is not None:
-            ahead = self._ahead.pop((key, length), None)
-            if ahead is not None:
+            ahead = self._ahead.get((key, length))
+            if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
+                return self._step_by_step(key, state, batch, length, carry)  # while its program compiles
+            if self._ahead.pop((key, length), None) is not None:
                 ahead.result()  # the rest of its compilation, if the background is not done yet
             try:
                 return variant(state, batch, carry)
@@ -137,6 +148,10 @@ class CompiledStep:
                 check_batch(batch, step + 1)
                 raise
         check_batch(batch, step + 1)
+        if self._platform is None:  # the first call: what "auto" does depends on the devices and the step
+            self._platform = platform_of(state)
+            if self._unroll == "auto" and self._platform == "cpu" and max(self.lengths) > 1:
+                self._convolves = convolves(self.step_fn, abstract(state), one_step(batch, length))
         variant = self._variant(key, owners, length)
         if len(self.lengths) > 1:  # taken before the call, which donates the state
             arguments = abstract(state), abstract(carry)
@@ -145,9 +160,25 @@ class CompiledStep:
         compile_log.info("Compiled the step for runs of %d step%s with %d fetched value%s in %.2f s.", length,
                          "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
         if len(self.lengths) > 1:
-            self._compile_ahead(key, owners, arguments, batch, length)
+            self._compile_ahead(key, owners, arguments, batch, length, listed)
             if key:
-                self._compile_ahead((), {}, arguments, batch if unfed is None else unfed, length)
+                self._compile_ahead((), {}, arguments, batch if unfed is None else unfed, length, listed)
+        return result
+
+    def _ready(self, key: tuple[FetchSpec, ...], length: int) -> bool:
+        """Whether the program of `key` for runs of `length` steps is compiled."""
+        ahead = self._ahead.get((key, length))
+        return (key, length) in self._variants and (ahead is None or ahead.done())
+
+    def _step_by_step(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, length: int, carry: Any) -> tuple:
+        """A run of `length` steps as `length` calls of the one-step program, for a run
+        whose own program is still compiling in the background: the same steps, results
+        and fetches (of the last step), without waiting for the compilation."""
+        single = self._variants[key, 1]
+        for i in range(length):
+            one = batch[i] if isinstance(batch, list) else jax.tree.map(lambda x, i=i: x[i], batch)
+            result = single(state, one, carry)
+            state, carry = result[0], result[3] if carry is not None else None
         return result
 
     def _variant(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object],
@@ -163,7 +194,7 @@ class CompiledStep:
         return variant
 
     def _compile_ahead(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object], arguments: tuple,
-                       batch: Any, length: int) -> None:
+                       batch: Any, length: int, listed: bool | None = None) -> None:
         """Compiles `key` for every run length it has no program for yet, in the background."""
         todo = [n for n in self.lengths if (key, n) not in self._variants]
         if not todo:
@@ -174,12 +205,12 @@ class CompiledStep:
                 thread_name_prefix="jaxmon-compile")
         state, carry = arguments
         one = one_step(batch, length)
-        listed = isinstance(batch, list) if length > 1 else on_device(batch)  # as `as_run` will give it
+        if listed is None:  # as `as_run` will give it
+            listed = isinstance(batch, list) if length > 1 else on_device(batch)
         started = time.perf_counter()
         for n in todo:
             variant = self._variant(key, owners, n)
-            run_batch = one if n == 1 else [one] * n if listed else jax.tree.map(
-                lambda s, n=n: jax.ShapeDtypeStruct((n, *s.shape), s.dtype), one)
+            run_batch = one if n == 1 else [one] * n if listed else abstract_run(one, n)
             self._ahead[key, n] = self._pool.submit(_compile, variant, (state, run_batch, carry), n, todo, started)
 
     def wait_ahead(self) -> None:
@@ -195,9 +226,11 @@ class CompiledStep:
 
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
         accumulate, constraint = self._accumulate, self._state_constraint
+        scan = resolve_scan_unroll(self._unroll, self._platform or jax.default_backend(), self._convolves)
+        step_fn = canonical_convolutions(self.step_fn) if scan.canonical and length > 1 else self.step_fn
 
         def one_step(state, carry, batch):
-            new_state, outputs = _check_result(self.step_fn(state, batch), state)
+            new_state, outputs = _check_result(step_fn(state, batch), state)
             if carry is not None:
                 carry, new_state = accumulate(carry, state, new_state, batch, outputs)
             if constraint is not None:
@@ -214,7 +247,8 @@ class CompiledStep:
             else:  # the last step's batch and outputs are what fetches see, as after one step
                 if isinstance(batch, list):  # batches on the device, stacked inside this program
                     batch = stack_leaves(batch)
-                (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length)
+                (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length,
+                                                           unroll=scan.unroll)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
             fetched = tuple(_evaluate(spec, owners[spec], new_state, batch, outputs) for spec in key)
             self._check_batch_shapes(batch)

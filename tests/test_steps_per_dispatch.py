@@ -450,13 +450,14 @@ def test_a_bad_steps_per_dispatch_raises_value_error_naming_it(value):
         jm.MonitoredSession(add_step, float_zero, steps_per_dispatch=value)
 
 
-def test_steps_per_dispatch_with_a_mesh_raises_value_error():
+def test_steps_per_dispatch_with_a_mesh_stacks_one_number_a_step_replicated():
+    # 8 devices and several processes: tests/test_dispatch_scaled.py
     mesh = jax.make_mesh((1,), ("data",))
-    with pytest.raises(ValueError, match="steps_per_dispatch"):
-        jm.MonitoredSession(add_step, float_zero, steps_per_dispatch=2, mesh=mesh)
-    with jm.MonitoredSession(add_step, float_zero, steps_per_dispatch=1, mesh=mesh) as sess:  # k=1 is fine
-        sess.run({"x": np.float32(1.0)})
-    assert sess.step == 1
+    with jm.MonitoredSession(add_step, float_zero, steps_per_dispatch=2, mesh=mesh) as sess:
+        sess.run([{"x": np.float32(1.0)}, {"x": np.float32(2.0)}])
+        assert sess.step == 2 and float(sess.state) == 3.0
+        sess.run({"x": np.float32(4.0)})
+    assert sess.step == 3 and float(sess.state) == 7.0
 
 
 # -- 8: NaN checks -----------------------------------------------------------------------------
