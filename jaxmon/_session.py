@@ -53,27 +53,18 @@ class MonitoredSession:
         `AbortedError`/`UnavailableError` (TF: forever).
       checkpoint_dir: restore the latest complete checkpoint here (state, step, data position, hooks' states) at
         creation and after a recoverable error, else call `init_fn`. Default: the first saver hook's directory.
-      warm_start: fresh starts only: a checkpoint whose matching leaves replace the fresh state's, or `fn(state) ->
-        state` (see the README, "Checkpoints").
+      warm_start: fresh starts only: a checkpoint whose leaves replace the fresh state's, or `fn(state) -> state`.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
       handle_sigterm: on SIGTERM, or Ctrl-C inside `with`, save at the next step boundary and stop.
       mesh: a `jax.sharding.Mesh` the state and batches are placed on (see the README, "Scaling out").
-      state_sharding: None (each leaf keeps the `NamedSharding` on `mesh` that `init_fn` gave it, the others
-        replicated), a `PartitionSpec`, a prefix pytree of them, or `fn(abstract_state)`.
-      batch_sharding: the same for batches; None shards every batch array's leading axis over the whole mesh.
-      steps_per_dispatch: up to this many steps per `run()`, scanned in one dispatch and cut at every hook's exact
-        step-based trigger (see the README, "Speed"); with a mesh, each step's batch sharded as `batch_sharding`
-        says; with several processes (the same on each), also cut at every agreement point.
-      scan_unroll: the `unroll` of a multi-step run's `lax.scan`: an int >= 1 (1: a loop), True (fully), or "auto":
-        a loop, with the step's convolutions rewritten on CPU into the form XLA's CPU kernel takes (as JAX makes
-        them, the digits CNN ran 14x slower per step in a loop; fully unrolled, 8 steps compiled 3x longer, 32
-        steps 14x); see the README, "Speed".
-      max_dispatch_ahead: at most this many steps queued without waiting for one ("auto": 16 on several CPU
-        devices, else None).
+      state_sharding: None (leaves keep init_fn's NamedSharding on `mesh`, else replicated), a PartitionSpec,
+        a prefix pytree of them, or `fn(abstract_state)`; batch_sharding: the same for one step's batch.
+      steps_per_dispatch: up to this many steps per `run()` in one scan, cut at every exact step trigger (and
+        agreement point); scan_unroll: its `unroll`, int, True or "auto" (see the README, "Speed").
+      max_dispatch_ahead: the most steps queued without a wait ("auto": 16 on several CPU devices, else None).
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
-      agree_every_n_steps: with several JAX processes, the most steps between two agreements (see the README,
-        "Scaling out").
+      agree_every_n_steps: with several JAX processes, the most steps between two agreements ("Scaling out").
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
