@@ -88,19 +88,13 @@ class Layout:
         """`init_fn` jitted to build each leaf of the state on its own devices (the session keeps them)."""
         return jax.jit(init_fn, out_shardings=self.state_shardings)
 
-    def rows(self) -> Sequence[tuple[str, tuple[int, ...], P]]:
-        """(path, shape, spec) of every leaf of the state."""
-        return self._rows
-
     def check(self, abstract: Any, batch_size: int) -> None:
         """Raises a `ShardingError` naming the first leaf of `abstract` (the state's shapes)
         with a dimension that its mesh axes do not divide, or a batch they do not divide."""
-        self._rows = []
         for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(abstract),
                                       jax.tree.leaves(self.state_specs, is_leaf=_is_spec), strict=True):
             name = "state" + jax.tree_util.keystr(path)
             shape = tuple(np.shape(leaf))
-            self._rows.append((name, shape, spec))
             for dim, axes in enumerate(spec):
                 size = self._size(axes)
                 if dim >= len(shape) or shape[dim] % size:
