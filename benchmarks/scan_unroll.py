@@ -185,7 +185,10 @@ def time_cli(rounds: int, steps_per_dispatch: tuple[int, ...], extra: list[str],
                                  "--quiet --config.session.steps_per_dispatch=K", *extra]),
             "rounds": rounds, "seconds": {f"k{k}": [round(x, 1) for x in t] for k, t in times.items()},
             "median_s": {f"k{k}": round(m, 1) for k, m in medians.items()},
-            f"ratio_to_k{first}": {f"k{k}": round(m / medians[first], 3) for k, m in medians.items()}}
+            f"ratio_to_k{first}": {f"k{k}": round(m / medians[first], 3) for k, m in medians.items()},
+            f"median_round_ratio_to_k{first}": {  # each round's pair, run back to back: steadier under load
+                f"k{k}": round(statistics.median(a / b for a, b in zip(t, times[first], strict=True)), 3)
+                for k, t in times.items()}}
 
 
 def main() -> None:

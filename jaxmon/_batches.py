@@ -204,6 +204,20 @@ def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
     return 1, batch, batch
 
 
+def pad_run(batch: Any, steps: int, size: int) -> Any:
+    """A run of `steps` steps (`batch` as `as_run` gives it) as a batch of `size` steps
+    for a program that takes only the first `steps` (see `CompiledStep.run_size`): the
+    last step's batch repeated, as a list on the device, stacked on the host."""
+    if isinstance(batch, list) and steps > 1:
+        return batch + [batch[-1]] * (size - steps)
+    if steps == 1:
+        if on_device(batch):
+            return [batch] * size
+        return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (size, *np.shape(x))), batch)
+    return jax.tree.map(lambda x: np.concatenate([np.asarray(x), np.repeat(np.asarray(x)[-1:], size - steps, 0)]),
+                        batch)
+
+
 def _power_of_two(limit: int) -> int:
     """The largest power of two <= `limit` (1 for anything below 2)."""
     return 1 << (max(1, limit).bit_length() - 1)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from jaxmon import _errors, _fetches, _sharding
-from jaxmon._batches import on_device
+from jaxmon._batches import on_device, pad_run
 from jaxmon._hook import Hook
 from jaxmon._hook_runner import RunPlan, RunResult
 from jaxmon._metrics import Accumulators
@@ -53,7 +53,7 @@ class Dispatch:
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
-        self._last_batch, self._last_length = None, 1
+        self._last_batch, self._last_index = None, None
         #: The last run's outputs (device arrays); empty before the first run.
         self.last_outputs: Mapping[str, Any] = {}
 
@@ -78,24 +78,28 @@ class Dispatch:
         fed, fetches, fetching = batch, NOTHING_FETCHED, ()
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
             fed, fetches, fetching = _requests(batch, plan, wanted, length)
+        size = self._compiled.run_size(state, length)
+        if size != length:  # one program takes every run length: the batch padded to its length
+            padded = pad_run(batch, length, size)
+            fed, batch = padded if fed is batch else pad_run(fed, length, size), padded
         listed = None
         if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
-            listed = len(self._compiled.lengths) > 1 and (isinstance(batch, list) if length > 1 else on_device(batch))
+            listed = len(self._compiled.lengths) > 1 and (isinstance(batch, list) if size > 1 else on_device(batch))
             unfed = fed is batch
-            fed = self._placement.place_batch(fed, length)
+            fed = self._placement.place_batch(fed, size)
             batch = fed if unfed else batch
         accumulators = self._accumulators
         try:
             if accumulators is None:
-                new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, length,
-                                                             unfed=batch, step=step, listed=listed)
+                new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, size,
+                                                             unfed=batch, step=step, listed=listed, steps=length)
             else:
                 carry = accumulators.carry
                 if carry is None:  # the first run since the state was created
-                    carry = accumulators.prepare(self._compiled.step_fn, state, fed, length, step,
+                    carry = accumulators.prepare(self._compiled.step_fn, state, fed, size, step,
                                                  _carry_sharding(state, self._placement))
-                new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, length,
-                                                                    carry, batch, step, listed)
+                new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
+                                                                    carry, batch, step, listed, length)
                 accumulators.advance(carry)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
@@ -105,7 +109,7 @@ class Dispatch:
             raise
         if self.max_dispatch_ahead is not None:
             self._bound(new_state, outputs, step)
-        self._last_batch, self.last_outputs, self._last_length = fed, outputs, length
+        self._last_batch, self.last_outputs, self._last_index = fed, outputs, length - 1 if size > 1 else None
         if fetches is NOTHING_FETCHED:
             return _new_tuple(RunResult, (new_state, outputs, None, ()))  # RunResult(new_state, outputs), faster
         caller, *values = fetches.route(outputs, fetched)
@@ -132,8 +136,9 @@ class Dispatch:
         if wanted is None:
             return {}
         batch, outputs = self._last_batch, self.last_outputs
-        if self._last_length > 1:  # the last step's batch of a multi-step run
-            batch = batch[-1] if isinstance(batch, list) else jax.tree.map(lambda x: x[-1], batch)
+        last = self._last_index
+        if last is not None:  # the last step's batch of a multi-step run
+            batch = batch[last] if isinstance(batch, list) else jax.tree.map(lambda x: x[last], batch)
         plan = _fetches.FetchPlan([("fetch(...)", wanted)])
         fetched = self._compiled.evaluate(plan.key, state, batch, outputs, plan.owners)
         [result] = plan.route(outputs, fetched)

@@ -13,6 +13,15 @@ well in a CPU loop (63 us a step against 110 one at a time) and worse unrolled (
 convolutions into that layout itself (`canonical_convolutions`): 5.3-5.5 ms a step, the
 compile time of one step (2.0-2.2 s), and bit for bit the results of one step per run.
 On GPU and TPU, XLA runs loops well: "auto" is a plain loop there.
+
+How many programs a session compiles differs too. On CPU, "auto" compiles one program
+per fetch set for every run of up to `steps_per_dispatch` steps, the run's length an
+argument of its loop (`dynamic_length`): compiling is the CPU's own work there, taken
+from the training (each program of the CNN took 2 s of the 2 cores, and one program
+per power-of-two run length made `steps_per_dispatch=8` slower than 1). Elsewhere a loop
+whose trip count is only known on the device reads its condition back to the host at
+every iteration on GPU, so each power-of-two length gets its own program, compiled ahead
+on host cores the device leaves idle.
 """
 
 from __future__ import annotations
@@ -69,6 +78,12 @@ def resolve_scan_unroll(value: Any, platform: str, convolution: bool) -> Scan:
     if not (isinstance(value, str) and value == "auto"):
         return Scan(value)
     return Scan(1, canonical=platform == "cpu" and convolution)
+
+
+def dynamic_length(value: Any, platform: str) -> bool:
+    """Whether runs of several steps share one program whose loop length is an
+    argument: with "auto" on CPU (see the module's notes)."""
+    return isinstance(value, str) and value == "auto" and platform == "cpu"
 
 
 def platform_of(state: Any) -> str:

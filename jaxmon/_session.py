@@ -328,8 +328,8 @@ class MonitoredSession:
 
     @property
     def compile_count(self) -> int:
-        """How many times the step was compiled: once per fetch set and run length (again
-        if shapes change), ahead of time included (reading it waits for those)."""
+        """How many times the step was compiled: once per fetch set (and, off CPU, per run
+        length; again if shapes change), ahead of time included (reading it waits for those)."""
         return self._dispatch.compile_count
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxmon._batches import abstract, abstract_run, on_device, one_step, stack_leaves
 from jaxmon._fetches import FetchSpec, paths
-from jaxmon._scan_unroll import canonical_convolutions, convolves, platform_of, resolve_scan_unroll
+from jaxmon._scan_unroll import canonical_convolutions, convolves, dynamic_length, platform_of, resolve_scan_unroll
 
 logger = logging.getLogger("jaxmon")
 #: How long each compilation took (INFO), under its own name so that it can be silenced.
@@ -90,6 +90,9 @@ class CompiledStep:
     `unroll` is the session's `scan_unroll`: how far the `lax.scan` of a run of several
     steps is unrolled ("auto": see `_scan_unroll.resolve_scan_unroll`, decided at the
     first call by the platform of the state's devices and whether the step convolves).
+    Where `_scan_unroll.dynamic_length` says so, one program per key takes every run of
+    up to the longest length instead: its batch padded to that length (`run_size`), the
+    run's own length an argument of its loop.
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
@@ -101,6 +104,8 @@ class CompiledStep:
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._traces: list[int] = []  # one entry per trace (list.append is atomic across threads)
         self.lengths = tuple(lengths)
+        self._most = max(self.lengths)
+        self._dynamic: bool | None = None  # one program for every run length (`run_size`), once known
         self._ahead: dict[tuple, concurrent.futures.Future] = {}  # (key, length) compiling in the background
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._first_batch: dict[str, str] | None = None  # {path: "dtype[shape]"} of the first traced batch
@@ -109,7 +114,7 @@ class CompiledStep:
         # hooks' accumulators, traced into every step (see `_metrics.Accumulators.update`).
         self._accumulate = accumulate
         self._state_constraint: Callable[[Any], Any] | None = None
-        self._unroll, self._platform, self._convolves = unroll, None, False
+        self._unroll, self._platform, self._convolves = unroll, None, None
 
     @property
     def trace_count(self) -> int:
@@ -119,23 +124,38 @@ class CompiledStep:
     def constrained(self) -> bool:
         return self._state_constraint is not None
 
+    def run_size(self, state: Any, length: int) -> int:
+        """The leading axis of the batch a run of `length` steps is called with: the
+        longest run length for every run up to it when one program takes them all (the
+        batch padded, see `_batches.pad_run`), else `length`."""
+        if self._dynamic is None:  # the first run: what "auto" does depends on the devices
+            self._platform = platform_of(state)
+            self._dynamic = self._most > 1 and dynamic_length(self._unroll, self._platform)
+            if self._dynamic:
+                self.lengths = (self._most,)
+        return self._most if self._dynamic and length <= self._most else length
+
     def constrain_state(self, constraint: Callable[[Any], Any]) -> None:
         """Applies `constraint` to every new state inside the step (a sharded session
         keeps the state on its shardings with it); before the first call."""
         self._state_constraint = constraint
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0, listed: bool | None = None):
+                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0, listed: bool | None = None,
+                 steps: int | None = None):
         """One dispatch after `step`: one step, or with `length` > 1 that many steps
         scanned over the leading axis of `batch` (outputs and fetches of the last
-        step). With `accumulate`, `carry` is the accumulators before the run; the call
-        then returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
+        step); `steps` of them only, where `run_size` padded the batch to `length`.
+        With `accumulate`, `carry` is the accumulators before the run; the call then
+        returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
         without the hooks' feeds (the batch of a run without hooks), when they differ.
         `listed`: whether runs of several steps get their batches as a list (see
         `as_run`), for the programs compiled ahead; None: as `batch` shows (not so
         for batches a sharded session placed on its mesh)."""
         self._step = step
         variant = self._variants.get((key, length))
+        arguments = (state, batch, carry) if steps is None or not self._dynamic else (
+            state, batch, carry, np.int32(steps))
         if variant is not None:
             ahead = self._ahead.get((key, length))
             if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
@@ -143,26 +163,26 @@ class CompiledStep:
             if self._ahead.pop((key, length), None) is not None:
                 ahead.result()  # the rest of its compilation, if the background is not done yet
             try:
-                return variant(state, batch, carry)
+                return variant(*arguments)
             except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
                 check_batch(batch, step + 1)
                 raise
         check_batch(batch, step + 1)
-        if self._platform is None:  # the first call: what "auto" does depends on the devices and the step
-            self._platform = platform_of(state)
-            if self._unroll == "auto" and self._platform == "cpu" and max(self.lengths) > 1:
-                self._convolves = convolves(self.step_fn, abstract(state), one_step(batch, length))
+        if self._convolves is None:  # the first call: what "auto" does depends on the devices and the step
+            self.run_size(state, length)
+            self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
+                               and convolves(self.step_fn, abstract(state), one_step(batch, length)))
         variant = self._variant(key, owners, length)
-        if len(self.lengths) > 1:  # taken before the call, which donates the state
-            arguments = abstract(state), abstract(carry)
+        ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
         started = time.perf_counter()
-        result = variant(state, batch, carry)
-        compile_log.info("Compiled the step for runs of %d step%s with %d fetched value%s in %.2f s.", length,
-                         "s"[:length != 1], len(key), "s"[:len(key) != 1], time.perf_counter() - started)
-        if len(self.lengths) > 1:
-            self._compile_ahead(key, owners, arguments, batch, length, listed)
+        result = variant(*arguments)
+        compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
+                         "up to "[:len(arguments) == 4 and 6], length, "s"[:length != 1], len(key),
+                         "s"[:len(key) != 1], time.perf_counter() - started)
+        if ahead:
+            self._compile_ahead(key, owners, ahead, batch, length, listed)
             if key:
-                self._compile_ahead((), {}, arguments, batch if unfed is None else unfed, length, listed)
+                self._compile_ahead((), {}, ahead, batch if unfed is None else unfed, length, listed)
         return result
 
     def _ready(self, key: tuple[FetchSpec, ...], length: int) -> bool:
@@ -226,8 +246,9 @@ class CompiledStep:
 
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
         accumulate, constraint = self._accumulate, self._state_constraint
-        scan = resolve_scan_unroll(self._unroll, self._platform or jax.default_backend(), self._convolves)
+        scan = resolve_scan_unroll(self._unroll, self._platform or jax.default_backend(), bool(self._convolves))
         step_fn = canonical_convolutions(self.step_fn) if scan.canonical and length > 1 else self.step_fn
+        dynamic = self._dynamic and length == self._most
 
         def one_step(state, carry, batch):
             new_state, outputs = _check_result(step_fn(state, batch), state)
@@ -241,12 +262,14 @@ class CompiledStep:
             state, carry, outputs = one_step(*both, batch)
             return (state, carry), outputs
 
-        def variant(state, batch, carry):
+        def variant(state, batch, carry, steps=None):
+            if length > 1 and isinstance(batch, list):  # batches on the device, stacked inside this program
+                batch = stack_leaves(batch)
             if length == 1:
                 new_state, carry, outputs = one_step(state, carry, batch)
-            else:  # the last step's batch and outputs are what fetches see, as after one step
-                if isinstance(batch, list):  # batches on the device, stacked inside this program
-                    batch = stack_leaves(batch)
+            elif dynamic:  # the last step's batch and outputs are what fetches see, as after one step
+                new_state, carry, outputs, batch = _loop(one_step, state, carry, batch, steps)
+            else:
                 (new_state, carry), stacked = jax.lax.scan(scanned, (state, carry), batch, length=length,
                                                            unroll=scan.unroll)
                 batch, outputs = jax.tree.map(lambda x: x[-1], (batch, stacked))
@@ -295,6 +318,19 @@ class CompiledStep:
 
             evaluator = self._evaluators[key] = jax.jit(evaluator)
         return evaluator(state, batch, outputs)
+
+
+def _loop(one_step: Callable[..., tuple], state: Any, carry: Any, batch: Any, steps: Any) -> tuple:
+    """The first `steps` (traced) steps of the stacked `batch` in one loop: the new state
+    and carry, and the last step's outputs and batch."""
+    def step_batch(i):
+        return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), batch)
+
+    shapes = jax.eval_shape(one_step, state, carry, step_batch(0))[2]
+    outputs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    state, carry, outputs = jax.lax.fori_loop(0, steps, lambda i, loop: one_step(loop[0], loop[1], step_batch(i)),
+                                              (state, carry, outputs))
+    return state, carry, outputs, step_batch(steps - 1)
 
 
 def _compile(variant: Any, args: tuple, length: int, todo: list[int], started: float) -> None:

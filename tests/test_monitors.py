@@ -189,10 +189,10 @@ def test_a_hook_reads_its_own_reduction_over_each_window(k):
     for _ in range(12 // k):
         sess.run([{}] * k if k > 1 else {})
     assert hook.seen == [(4, 4.0, 2.5), (8, 8.0, 6.5), (12, 12.0, 10.5)]
-    compiled = sess.compile_count  # with k=4, runs of 2 and 1 steps are compiled ahead too
+    compiled = sess.compile_count  # with k=4 on CPU, one program takes runs of 4, 2 and 1 steps
     sess.close()
     assert hook.reads == [4, 8, 12]  # close had nothing new to read
-    assert compiled == k.bit_length() and sess._accumulators.compile_count == 1
+    assert compiled == 1 and sess._accumulators.compile_count == 1
 
 
 def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):

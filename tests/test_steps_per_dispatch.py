@@ -164,7 +164,7 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
     assert lengths.lengths == [32, 32, 32, 4]  # 100 = 3 * 32 + 4: the last run is cut to end at 100
     assert int(sess.state["n"]) == N
     assert_bit_identical(sess.state, reference_run)
-    assert lengths.compiled == 6  # one fetch set, every run length ahead: 32, 16, 8, 4, 2, 1
+    assert lengths.compiled == 1  # one fetch set, one program for every run length ("auto" on CPU)
     loss = float(mlp_loss(sess.state["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     first = float(mlp_loss(mlp_init()["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     assert loss < first  # it trained
@@ -268,7 +268,9 @@ def test_logging_every_4_iterations_logs_at_steps_1_4_8_12_whatever_the_steps_pe
 # -- 3: compilations --------------------------------------------------------------------------
 
 
-def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_path):
+@pytest.mark.parametrize(("scan_unroll", "programs"), [("auto", 1), (1, 6)])
+def test_a_1000_step_run_with_the_usual_hooks_compiles_one_program_per_run_length_at_most(tmp_path, scan_unroll,
+                                                                                           programs):
     hooks = [
         jm.StepCounterHook(every_n_steps=100, output_dir=tmp_path),
         jm.SummarySaverHook(save_steps=100, output_dir=tmp_path),
@@ -276,10 +278,11 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_at_most_6_programs(tmp_pa
         jm.NanHook("loss"),
         jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=1000),
     ]
-    sess, lengths = train(hooks, last_step=1000, k=32, data=ones(1000))
+    sess, lengths = train(hooks, last_step=1000, k=32, data=ones(1000), scan_unroll=scan_unroll)
     assert sess.step == 1000 and float(sess.state) == 1000.0
-    print(f"compile_count={lengths.compiled}, runs={len(lengths.runs)}, lengths={sorted(set(lengths.lengths))}")
-    assert lengths.compiled == int(math.log2(32)) + 1  # one fetch set: one program per run length, all ahead
+    # one fetch set: "auto" on CPU compiles one program for every run length; a scan of each length
+    # (as on GPU and TPU) one program per length, 32, 16, 8, 4, 2 and 1, all ahead
+    assert lengths.compiled == programs
     # 1000 / 32 = 31.25 runs at best; the runs cut for the triggers every 100 steps add about one per 100
     assert math.ceil(1000 / 32) <= len(lengths.runs) <= 1000 / 32 + 1000 / 100 + 2
     assert sum(lengths.lengths) == 1000
@@ -292,7 +295,7 @@ def test_batches_already_on_the_device_are_stacked_inside_the_step_with_the_same
     data = [jax.device_put(batch) for batch in ones(200)]
     sess, lengths = train([recorder], last_step=37, k=32, data=data)
     assert lengths.lengths == [32, 4, 1] and float(sess.state) == 37.0
-    assert lengths.compiled == 6  # one program per run length, as with host batches
+    assert lengths.compiled == 1  # one program for every run length, as with host batches
     assert len(recorder.contexts[0].original_args.feeds) == 32  # hooks see the list
     assert float(sess.fetch({"next": lambda state, batch, outputs: batch["x"] + state})["next"]) == 38.0  # last batch
 
@@ -333,7 +336,8 @@ class CompileCounts(jm.Hook):
 def test_runs_of_8_4_2_and_1_steps_compile_nothing_after_the_first_run(caplog):
     counts = CompileCounts()
     with caplog.at_level("INFO", logger="jaxmon"):
-        sess, lengths = train([EveryFifteen(), counts], last_step=61, k=8, init_fn=None, state=jnp.float32(0))
+        sess, lengths = train([EveryFifteen(), counts], last_step=61, k=8, init_fn=None, state=jnp.float32(0),
+                              scan_unroll=1)  # a program per run length, as on GPU and TPU
     assert sess.step == 61 and float(sess.state) == 61.0
     assert set(lengths.lengths) == {8, 4, 2, 1}  # 1, then 8 + 4 + 2 + 1 to each trigger
     assert lengths.ends[:6] == [1, 9, 13, 15, 16, 24]

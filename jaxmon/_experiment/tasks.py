@@ -175,8 +175,8 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
                               "optimizer section.")
         x = jnp.asarray(context.example_batch["x"][:1])
 
-        def init_fn() -> TrainState:
-            params = nn.meta.unbox(model.init(jax.random.PRNGKey(context.seed), x)["params"])
+        def init_fn() -> TrainState:  # one program, not one per initializer's operation (seconds on CPU)
+            params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(context.seed), x)["params"])
             return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
         def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
