@@ -12,7 +12,8 @@ Run it
   - on several hosts: start it once per host with
       JAX_COORDINATOR_ADDRESS=host0:12345 JAX_NUM_PROCESSES=<hosts> JAX_PROCESS_ID=<i> \\
           python examples/data_parallel.py --workdir /shared/runs/dp
-Run it again with the same --workdir and it resumes from the last checkpoint.
+Run it again with the same --workdir and it resumes from the last checkpoint. If a
+process dies, the others stop too, each with one line and exit code 75 (`jm.PeerError`).
 """
 
 from __future__ import annotations
@@ -106,4 +107,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except jm.PeerError as error:  # another process died (or failed): this one stops too; run again to resume
+        print(f"data_parallel.py: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        sys.exit(error.exit_code)  # 75 for a process that died: the checkpoints saved so far stand

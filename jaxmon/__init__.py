@@ -1,5 +1,7 @@
 """jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
 
+# First, before JAX loads: in the `jaxmon` command, Ctrl-C and SIGTERM are handled from here on.
+from jaxmon import _cli_signals  # noqa: F401  isort: skip
 from jaxmon import datasets, distributed, models
 from jaxmon._agree import PeerError
 from jaxmon._checkpoint import Restored, checkpoints_iterator, restore_checkpoint

@@ -25,16 +25,21 @@ exact trigger is an agreement point), every process cuts its runs at the same st
 made between them (a chief-only one, say) takes effect at the next. A process that
 dies between them makes the others raise `PeerError` when a step's collective fails
 for it (at once on CPU, where gloo reports the closed connection), at the latest at
-the next agreement; where a collective hangs instead, JAX's heartbeat timeout aborts
-the survivors.
+the next agreement; where a collective hangs instead, JAX's coordination service ends
+the survivors after its heartbeat timeout (see `jaxmon.distributed`). A process that
+lost a peer leaves without JAX's shutdown barrier, which would wait for the dead one:
+at exit it ends with `PEER_LOST_EXIT_CODE`, whatever it was about to exit with.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
+import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,6 +53,10 @@ from jaxmon._triggers import SecondOrStepTimer
 logger = logging.getLogger("jaxmon")
 
 _MESSAGE_BYTES = 512
+#: The exit code of a process that stops because another process of its run died or
+#: stopped answering (sysexits' EX_TEMPFAIL: the same command, started again on every
+#: process, resumes from the last complete checkpoint).
+PEER_LOST_EXIT_CODE = 75
 # How a step's collective fails when a peer died (CPU: gloo; GPU: NCCL; or JAX's heartbeat).
 _PEER_LOST = re.compile(r"Gloo .*failed|NCCL|Connection (?:closed|reset) by peer|heartbeat", re.IGNORECASE)
 
@@ -60,11 +69,57 @@ class PeerError(RuntimeError):
       step: the step the failure belongs to: the failing error's own `.step` where it
         has one (a `NanLossDuringTrainingError`'s first non-finite step), else the step
         the processes stopped at; None when a peer stopped answering.
+      lost: True when a peer stopped answering (it died), False when it reported its
+        own error.
+      exit_code: what `jaxmon train` exits with: `PEER_LOST_EXIT_CODE` (75) for a lost
+        peer, 1 for a peer's error (its own log says which).
     """
 
-    def __init__(self, message: str, step: int | None = None):
+    def __init__(self, message: str, step: int | None = None, *, lost: bool = False):
         super().__init__(message)
-        self.step = step
+        self.step, self.lost = step, lost
+
+    @property
+    def exit_code(self) -> int:
+        return PEER_LOST_EXIT_CODE if self.lost else 1
+
+
+def peer_lost() -> bool:
+    """Whether this process has lost a peer (raised a `PeerError` for a process that
+    stopped answering)."""
+    return _lost[0]
+
+
+_lost = [False]
+#: How the one line starts that ends a process whose coordination service failed (see
+#: `jaxmon.distributed`): the command's own prefix, and where the process is in the run.
+failure_line = {"prefix": "jaxmon: ", "where": ""}
+
+
+def _peer_lost(message: str) -> PeerError:
+    """A `PeerError(lost=True)`, this process marked as one that lost a peer: at exit it
+    leaves without JAX's shutdown barrier (see `_leave`)."""
+    if not _lost[0]:
+        _lost[0] = True
+        atexit.register(_leave)  # registered last, so run first: before JAX's own shutdown
+    return PeerError(message, lost=True)
+
+
+def _leave() -> None:
+    """At exit after a lost peer: ends the process with `PEER_LOST_EXIT_CODE` before
+    JAX's atexit shutdown, whose barrier would wait for the dead process until the
+    heartbeat timeout and then abort with a native stack dump."""
+    from jax._src import distributed
+
+    if distributed.global_state.client is None:  # shut down already, or never connected
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream: nothing to flush
+            pass
+    logging.shutdown()
+    os._exit(PEER_LOST_EXIT_CODE)
 
 
 class Decision(NamedTuple):
@@ -188,9 +243,9 @@ class AgreedRuns:
             if self._session.step == before:  # the step never ran here: the others wait in it for this process
                 if _PEER_LOST.search(str(raised)):  # its collective failed: a peer died between agreements
                     self.peer_lost = True
-                    lost = PeerError(f"A collective of step {before + 1} failed: another JAX process stopped "
-                                     f"answering (it probably died; its own log says why). This process stops too. "
-                                     f"({type(raised).__name__}: {str(raised)[:300]})")
+                    lost = _peer_lost(f"A collective of step {before + 1} failed: another JAX process stopped "
+                                      f"answering (it probably died; its own log says why). This process stops "
+                                      f"too. ({type(raised).__name__}: {str(raised)[:300]})")
                     logger.error("%s", lost)
                     raise lost from raised
                 raise
@@ -251,8 +306,9 @@ class AgreedRuns:
         try:
             return agree(*args, **kwargs)
         except PeerError as lost:
-            # Say so now: JAX may abort this process at its shutdown barrier before a
-            # traceback is printed. Checkpoint savers stop waiting for writes.
+            # Say so now, in case the process ends before a traceback is printed (JAX's
+            # coordination client may end it: see jaxmon.distributed). Checkpoint savers
+            # stop waiting for writes.
             self.peer_lost = True
             logger.error("%s", lost)
             raise
@@ -262,7 +318,7 @@ def _gather(values: np.ndarray, step: int) -> np.ndarray:
     try:
         return np.asarray(multihost_utils.process_allgather(values))
     except Exception as error:  # a collective with a dead peer fails at once
-        raise PeerError(
+        raise _peer_lost(
             f"Agreeing with the other JAX processes after step {step} failed: one of them stopped answering "
             f"(it probably died; its own log says why). This process stops too. ({type(error).__name__}: "
             f"{str(error)[:300]})") from error

@@ -5,7 +5,8 @@ A jaxmon checkpoint is an Orbax `CheckpointManager` step directory with two item
 as `{"leaf": array}`) and `meta` (JSON: the step, versions, the data iterator's
 position, the hooks' own state, the config). Orbax writes each step
 into a temporary directory and renames it when complete, so a checkpoint cut off by
-SIGKILL is never listed, never loaded. Each step directory also records the CRC-32 of
+SIGKILL is never listed, never loaded; a directory counts as a step only if it is named
+by the step in ASCII digits and committed (`_step_dirs`). Each step directory also records the CRC-32 of
 its files, checked before a restore (`_integrity`): a checkpoint changed since is refused.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import importlib.metadata
 import io
@@ -20,12 +22,11 @@ import json
 import logging
 import operator
 import os
-import re
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -34,6 +35,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from jaxmon import _integrity
+from jaxmon._orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
+from jaxmon._paths import open_fd
+from jaxmon._step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name
 
 logger = logging.getLogger("jaxmon")
 
@@ -48,16 +52,6 @@ class Restored(NamedTuple):
     state: Any
     step: int
     meta: dict[str, Any]
-
-
-def complete_steps(directory: str | os.PathLike) -> list[int]:
-    """The steps of the complete checkpoints in `directory`, ascending (Orbax's layout:
-    one directory per step named by the step; unfinished ones carry a tmp suffix)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted(int(name) for name in names if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
 
 
 def read_meta(step_directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -134,6 +128,7 @@ class Checkpoints:
                  keep_best: int | None = None, best_mode: str = "min", integrity: bool = True):
         self.directory = os.path.abspath(os.fspath(directory))
         self.writer = writer
+        finish_failed_event_loops()  # a failed restore or save leaves no task of Orbax's behind
         self._lock_fd: int | None = None
         if writer:
             os.makedirs(self.directory, exist_ok=True)
@@ -156,6 +151,7 @@ class Checkpoints:
             save_root_metadata=writer,
             # Orbax writes STEP/metrics/metrics only with a best_fn: a resume ranks the earlier ones by it
             best_fn=best_of if keep_best is not None else None, best_mode=best_mode,
+            step_name_format=CompleteStepNames(),  # no empty directory named like a step, no "²"
         )
         # On CPU, the state's arrays are copied to host memory for real before save()
         # returns: Orbax would otherwise keep views of them, and the next step could not
@@ -174,6 +170,7 @@ class Checkpoints:
             raise
         self._failure: BaseException | None = None
         self._saving: int | None = None  # the step of the latest save started
+        self._pending: _Pending | None = None  # an async save being written
 
     # -- writing -----------------------------------------------------------------------
 
@@ -185,8 +182,8 @@ class Checkpoints:
         # A step left by an earlier run that went on past where this one resumed.
         if os.path.isdir(existing) and jax.process_index() == 0:
             aside = f"{existing}.superseded-{time.strftime('%Y%m%d-%H%M%S')}"
-            logger.warning("Checkpoint %s exists from an earlier run; moving it to %s and saving this run's step %d.",
-                           existing, aside, step)
+            what = "Checkpoint %s exists from an earlier run" if is_complete(existing) else "%s is no checkpoint"
+            logger.warning(what + "; moving it to %s and saving this run's step %d.", existing, aside, step)
             os.rename(existing, aside)
             self._manager.reload()
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(_wrap(state)), meta=ocp.args.JsonSave(dict(meta)))
@@ -197,39 +194,33 @@ class Checkpoints:
         except Exception as error:
             self._failure = self._save_error(error)
             raise self._failure from error
-        if self._sealed and not self._async and jax.process_index() == 0:  # committed already
+        if self._async:
+            self._pending = _Pending(self._manager.wait_until_finished, step, lambda: _FAILED.add(self))
+        elif self._sealed and jax.process_index() == 0:  # committed already
             _integrity.seal_step(self.directory, step)
 
     def wait(self, timeout: float | None = None) -> None:
         """Waits for the save in flight (at most `timeout` seconds) and raises its error."""
-        if timeout is None:
-            try:
-                with _quiet_stderr(self.directory):  # what Orbax's threads print when a save fails
-                    self._manager.wait_until_finished()
-            except Exception as error:
-                self._failure = self._save_error(error)
-                raise self._failure from error
-        else:
-            done = threading.Event()
-            errors: list[BaseException] = []
-
-            def wait() -> None:
-                try:
-                    self._manager.wait_until_finished()
-                except BaseException as error:  # handed to the caller below
-                    errors.append(error)
-                finally:
-                    done.set()
-
-            threading.Thread(target=wait, name="jaxmon-checkpoint-wait", daemon=True).start()
-            if not done.wait(timeout):
+        pending = self._pending
+        if pending is not None:
+            with _quiet_stderr(self.directory):  # what Orbax's threads print when a save fails
+                finished = pending.done.wait(timeout)
+            if not finished:
                 raise TimeoutError(
                     f"The checkpoint save in flight in {self.directory} did not finish within {timeout:g}s "
                     "(stop_grace_period_secs); it may be lost. Raise stop_grace_period_secs, or check the disk.")
-            if errors:
-                self._failure = self._save_error(errors[0])
-                raise self._failure from errors[0]
+            self._pending = None
+            if pending.error is not None:
+                self._failure = self._save_error(pending.error, pending.step)
+                raise self._failure from pending.error
         self.raise_failure()
+
+    def failed(self) -> bool:
+        """Whether a save failed in the background and `wait()` would raise its error at once
+        (a look at a flag: never waits)."""
+        pending = self._pending
+        return self._failure is not None or (pending is not None and pending.done.is_set()
+                                             and pending.error is not None)
 
     def raise_failure(self) -> None:
         """Raises the error of an earlier save that failed in the background."""
@@ -241,21 +232,13 @@ class Checkpoints:
             self._failure = self._save_error(error)
             raise self._failure from error
 
-    def _save_error(self, error: BaseException) -> SaveError:
-        """One error that says which save failed, where, and the OS's reason (Orbax's as its cause)."""
-        if isinstance(error, SaveError):
-            return error
-        if not isinstance(error, Exception):  # only wait()'s wrapper thread hands over any BaseException
+    def _save_error(self, error: BaseException, step: int | None = None) -> SaveError:
+        """One error that says which save failed, where and why (Orbax's error as its cause)."""
+        _FAILED.discard(self)
+        if not isinstance(error, Exception):  # only a waiting thread hands over any BaseException
             error = RuntimeError(repr(error))
-        code = re.search(r"os_error_code='(\d+)'", str(error))
-        errno = getattr(error, "errno", None) or (int(code[1]) if code else None)
-        reason = f"[Errno {errno}] {os.strerror(errno)}" if errno else f"{type(error).__name__}: {error}"
-        kept = [step for step in complete_steps(self.directory) if step != self._saving]
-        failure = SaveError(f"Saving checkpoint {self._saving} to {self.directory} failed: {reason}. The complete "
-                            f"checkpoints are kept ({'the newest: ' + str(kept[-1]) if kept else 'none yet'}); "
-                            "fix the cause (free space, permissions) and run again to resume from the newest.")
-        failure.errno = errno
-        return failure
+        step = self._saving if step is None else step
+        return save_error(error, self.directory, step, [s for s in complete_steps(self.directory) if s != step])
 
     def close(self, timeout: float | None = None) -> None:
         """Finishes pending saves (at most `timeout` seconds), then releases the lock.
@@ -274,6 +257,7 @@ class Checkpoints:
         self._close_now()
 
     def _close_now(self) -> None:
+        _FAILED.discard(self)
         try:
             if self._failure is None:
                 self._manager.close()  # waits for a save in flight
@@ -335,18 +319,20 @@ class Checkpoints:
                 failures.append((step, error))
                 continue
             except Exception as error:
-                logger.error("Checkpoint %s/%d does not restore (%r); trying the one before it.",
-                             self.directory, step, error)
+                logger.error("Checkpoint %s/%d does not restore (%s); trying the one before it.",
+                             self.directory, step, brief(error))
+                logger.debug("Checkpoint %s/%d does not restore.", self.directory, step, exc_info=error)
                 failures.append((step, error))
                 continue
             if broken := [s for s, e in failures if not isinstance(e, _integrity.CheckpointChangedError)]:
                 logger.warning("Restored checkpoint %d of %s instead of the broken %s.", step, self.directory, broken)
             return restored
-        if failures:
-            listed = "; ".join(f"step {s}: {e!r}" for s, e in failures)
+        if failures:  # the first (newest) one's error is the cause, in full
+            (step, error), steps = failures[0], ", ".join(str(s) for s, _ in failures)
             raise RuntimeError(
-                f"No checkpoint in {self.directory} restores ({listed}). Refusing to start fresh over them: "
-                "fix or move the directory, or point checkpoint_dir elsewhere.") from failures[0][1]
+                f"No checkpoint in {self.directory} restores (step{'s' if len(failures) > 1 else ''} {steps}); "
+                f"step {step}: {brief(error, 200)}. Refusing to start fresh over them: fix or move the directory, "
+                "or point checkpoint_dir elsewhere.") from error
         return None
 
 
@@ -360,9 +346,52 @@ def _quiet_stderr(directory: str):
         logger.debug("Printed while saving to %s:\n%s", directory, printed.getvalue())
 
 
-class SaveError(OSError):
-    """A checkpoint save failed: the step, the directory and the OS error (`errno`, when
-    there is one; Orbax's error is the cause)."""
+class _Pending:
+    """A save being written in the background: a thread waits for it (`wait`) and keeps
+    its error, which the loop sees at its next run (`raise_failed_save`), not at the
+    next save; `failed()` is called from that thread when the save failed."""
+
+    def __init__(self, wait: Callable[[], None], step: int, failed: Callable[[], None]):
+        self.step, self.error, self.done = step, None, threading.Event()
+        threading.Thread(target=self._wait, args=(wait, failed), name=f"jaxmon-save-{step}", daemon=True).start()
+
+    def _wait(self, wait: Callable[[], None], failed: Callable[[], None]) -> None:
+        try:
+            wait()
+        except BaseException as error:  # handed to the thread that waits, or polls, next
+            self.error = error
+            failed()
+        finally:
+            self.done.set()
+
+
+#: The writers whose save failed in the background, until the failure is raised or they close.
+_FAILED: set[Checkpoints] = set()
+
+
+def raise_failed_save(hooks: Iterable[Any], step: int) -> None:
+    """Raises the `SaveError` of a checkpoint save that failed in the background, in a
+    directory one of `hooks` writes (its `checkpoint_dir`), once the failure is known;
+    the session asks before every run, so that a full disk stops training at once, not
+    at the next save. Never waits: one look at a set when no save failed.
+
+    Args:
+      hooks: the session's hooks.
+      step: the session's step, noted on the error (training stopped there).
+    """
+    if not _FAILED:
+        return
+    written = {os.path.abspath(os.fspath(directory)) for hook in hooks
+               if isinstance(directory := getattr(hook, "checkpoint_dir", None), (str, os.PathLike))}
+    for checkpoints in list(_FAILED):
+        if checkpoints.directory in written and checkpoints.failed():
+            try:
+                checkpoints.wait()
+            except SaveError as error:
+                if getattr(error, "stopped_at", None) is None:
+                    error.stopped_at = step
+                    error.add_note(f"(found after step {step}: training stopped there)")
+                raise
 
 
 class DirectoryInUseError(RuntimeError):
@@ -371,7 +400,7 @@ class DirectoryInUseError(RuntimeError):
 
 def _lock(directory: str) -> int:
     path = os.path.join(directory, _LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o644)  # a link there is refused (LinkedFileError)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -382,9 +411,15 @@ def _lock(directory: str) -> int:
         raise DirectoryInUseError(
             f"Checkpoint directory {directory} is being written by {holder}. Two runs must not write "
             "one checkpoint_dir: stop the other run, or give this one its own checkpoint_dir.") from None
-    os.ftruncate(fd, 0)
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+    except OSError as error:  # a full disk, say: name the file
+        os.close(fd)
+        fix = "free space there" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "check that disk"
+        raise OSError(error.errno, f"{error.strerror}, writing {path}: {fix} (or give the run another directory) "
+                                   "and run again") from error
     return fd
 
 
@@ -407,6 +442,9 @@ def restore_checkpoint(directory: str | os.PathLike, *, step: int | None = None,
     """
     if step is None and os.path.exists(os.path.join(directory, "_CHECKPOINT_METADATA")):
         directory, name = os.path.split(os.path.abspath(directory))
+        if not is_step_name(name):
+            raise ValueError(f"{os.path.join(directory, name)} holds a checkpoint, but {name!r} names no step (ASCII "
+                             f"digits, as jaxmon names them): give its parent directory and step=, or rename it.")
         step = int(name)
     checkpoints = Checkpoints(directory)
     try:

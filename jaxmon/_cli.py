@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from jaxmon import _cli_signals
 from jaxmon._cli_runs import (  # noqa: F401  (importable from here too)
     Line,
     Panel,
@@ -32,6 +33,7 @@ from jaxmon._cli_runs import (  # noqa: F401  (importable from here too)
     read_series,
     run_info,
 )
+from jaxmon._paths import LinkedFileError, open_file
 
 _DESCRIPTION = """\
 Train, inspect and plot jaxmon runs.
@@ -48,9 +50,10 @@ files (`tensorboard --logdir runs`) and metrics.jsonl (one JSON line per step).
 _TRAIN = """\
 Train the experiment a config file describes, in DIR. If DIR has checkpoints, training
 resumes from the latest one (state, step, data position and hooks), so the same command
-continues an interrupted run; changing the model, data, task, seed or optimizer of a
-run that has checkpoints is an error (start a new DIR, or warm-start from the old one
-with --config.warm_start=OLD_DIR).
+continues an interrupted run; changing the model, data, task, seed or optimizer (any
+of its keys, the learning rate too) of a run that has checkpoints is an error naming
+each changed key (start a new DIR, or warm-start from the old one with
+--config.warm_start=OLD_DIR).
 
 The config is a Python file whose get_config() returns a dict, or a YAML file, with the
 sections seed, steps, data, model, task, optimizer, hooks, session and warm_start:
@@ -72,17 +75,26 @@ are stopped and the exit code is the failed one's (128+N if killed by signal N);
 makes every process save at one step they agree on, and stop.
 
 Exit codes: 0 trained (or already at the last step); 2 something given wrong (the
-config's syntax, a key, a type or a value, a --workdir that is a file, unwritable or in
-use by another run); 1 training failed (a non-finite loss, a failed save, a hook's
-error); 130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
-the step it stopped on (run the same command to resume). A failure ends with one line
+config's syntax, a key, a type or a value, a resume's changed settings, a --workdir
+that is a file, unwritable or in use by another run; a DIR the refused command created
+is removed again); 1 training failed (a non-finite loss, a failed save, a hook's
+error); 75 another process of the run died or stopped answering, so this one stopped
+too, at once (the complete checkpoints stand: start every process again to resume);
+130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
+the step it stopped on (run the same command to resume), or before training started,
+with nothing to save. A failure ends with one line
 saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it).
 """
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the `jaxmon` command; returns its exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Runs the `jaxmon` command; returns its exit code. Ctrl-C and SIGTERM stop it from
+    here on with exit 130 / 143 and one line, never a traceback (see `_cli_signals`)."""
+    with _cli_signals.handling():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -100,15 +112,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxmon._experiment.config_file import ConfigError
 
     try:
-        return args.handler(args)
-    except ConfigError as error:
-        return _fail(args, 2, str(error), error)
-    except BrokenPipeError:  # `jaxmon inspect DIR | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt as error:
-        return _fail(args, 130, _interrupted(args, error), error)
-    except Exception as error:
+        code = args.handler(args)
+        _cli_signals.check()  # a signal that a library caught on the way stops the command all the same
+        return code
+    except BaseException as error:
+        signum = _cli_signals.stopped(error)  # first: whatever a signal became on its way up
+        if signum is not None:
+            return _fail(args, _cli_signals.EXIT_CODES[signum], _cli_signals.stop_line(args, error, signum), error)
+        if isinstance(error, ConfigError):
+            return _fail(args, 2, str(error), error)
+        if isinstance(error, BrokenPipeError):  # `jaxmon inspect DIR | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if not isinstance(error, Exception):  # SystemExit
+            raise
+        from jaxmon._agree import PeerError
+
+        if isinstance(error, PeerError):  # another process died (75) or failed (1): this one stops too
+            return _fail(args, error.exit_code, _one_line(error), error)
         return _fail(args, 1, _one_line(error), error)
 
 
@@ -144,13 +165,15 @@ def _fail(args: argparse.Namespace, code: int, message: str, error: BaseExceptio
     if args.debug:
         print(text, file=sys.stderr, end="")
     workdir = getattr(args, "workdir", None)
-    if code == 1 and isinstance(workdir, str) and os.path.isdir(workdir):
+    if code in (1, 75) and isinstance(workdir, str) and os.path.isdir(workdir):
         log = os.path.join(workdir, "jaxmon-error.log")
         try:
-            with open(log, "a", encoding="utf-8") as file:
+            with open_file(log, "a", encoding="utf-8") as file:  # a link there is refused, not written through
                 file.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} exit {code}\n{text}\n")
             if not args.debug:
                 print(f"jaxmon {args.command}: the traceback is in {log} (--debug prints it here).", file=sys.stderr)
+        except LinkedFileError as error:  # its target is left alone
+            print(f"jaxmon {args.command}: the traceback is not kept: {error}", file=sys.stderr)
         except OSError:  # a full disk, say: the line below still says what failed
             pass
     print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
@@ -161,18 +184,6 @@ def _one_line(error: BaseException) -> str:
     """What failed, in one line: the error's type, message and notes (which hook, which step)."""
     parts = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())]
     return " ".join(" ".join(part.split()) for part in parts if part)
-
-
-def _interrupted(args: argparse.Namespace, error: KeyboardInterrupt) -> str:
-    """The line of a Ctrl-C: the session's stop, saved (its message), or a second Ctrl-C."""
-    from jaxmon._checkpoint import complete_steps
-
-    workdir = getattr(args, "workdir", None)
-    steps = complete_steps(workdir) if isinstance(workdir, str) and os.path.isdir(workdir) else []
-    if error.args and steps:  # the session stopped, saved and closed, then re-raised Ctrl-C
-        return f"{error.args[0]}; checkpoint {steps[-1]} is saved: run the same command to resume."
-    stands = f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved"
-    return f"Interrupted (Ctrl-C): the save in progress, if any, was abandoned; {stands}."
 
 
 def run() -> None:
@@ -229,6 +240,8 @@ def _train(args: argparse.Namespace) -> int:
     cache = False if args.no_compilation_cache else args.compilation_cache or True
     result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
                               compilation_cache=cache)
+    if result.get("stopped") == "SIGTERM":  # saved and stopped: the same last line as Ctrl-C's
+        raise _cli_signals.Terminated(f"Stopped by SIGTERM at step {result['step']}")
     return result.get("exit_code", 0)
 
 
@@ -244,7 +257,7 @@ class _MainThreadOnly:
         if threading.current_thread() is threading.main_thread():
             return self._stream.write(text)
         try:
-            with open(self._log, "a", encoding="utf-8") as file:
+            with open_file(self._log, "a", encoding="utf-8") as file:
                 file.write(text)
         except OSError:
             pass

@@ -18,7 +18,12 @@ def add_inspect(commands: Any) -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
                                   description="List a run's checkpoints (step, size, time; with a saver's "
                                               "keep_best, each one's best_metric and the best marked), its "
-                                              "latest metrics and the config it was trained with.")
+                                              "latest metrics and the config it was trained with. A line of "
+                                              "metrics.jsonl that is no JSON record (a killed writer's last, "
+                                              "bytes that are not text) is skipped with a note naming it; "
+                                              "characters that would control the terminal are printed escaped "
+                                              "(\\x1b). A directory that holds no checkpoint, metrics.jsonl, "
+                                              "event file or hparams.json is not a run (exit 2).")
     inspect.add_argument("workdir", metavar="DIR")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inspect.set_defaults(handler=_inspect)
@@ -34,7 +39,8 @@ def add_plot(commands: Any) -> argparse.ArgumentParser:
                                            "pip install 'jaxmon[plot]').")
     plot.add_argument("workdirs", nargs="+", metavar="DIR")
     plot.add_argument("--out", metavar="PNG",
-                      help="the image to write (default DIR/metrics.png, or ./metrics.png for several runs)")
+                      help="the image to write (.png added to a name without an extension; in a directory, "
+                           "<run>.png; default DIR/metrics.png, or ./metrics.png for several runs)")
     plot.add_argument("--tags", nargs="+", metavar="TAG", help="only these scalars")
     plot.set_defaults(handler=_plot)
     return plot
@@ -45,26 +51,27 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
-    print(f"run {info['workdir']}")
+    print(f"run {shown(info['workdir'])}")
     if info["checkpoints"]:
         print(f"checkpoints ({len(info['checkpoints'])}):")
         for item in info["checkpoints"]:
             best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
             mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
-            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {item['time']}{best}{mark}")
+            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {shown(item['time'])}{best}{mark}")
     else:
         print("checkpoints: none")
     if info["metrics"]:
         print("latest metrics:")
-        width = max(len(tag) for tag in info["metrics"])
+        width = max(len(shown(tag)) for tag in info["metrics"])
         for tag, (step, value) in sorted(info["metrics"].items()):
-            print(f"  {tag:<{width}}  {value:.6g}  (step {step})")
+            print(f"  {shown(tag):<{width}}  {value:.6g}  (step {step})")
     else:
-        print("latest metrics: none (no metrics.jsonl)")
+        there = os.path.isfile(os.path.join(info["workdir"], "metrics.jsonl"))
+        print(f"latest metrics: none ({'no scalar in metrics.jsonl' if there else 'no metrics.jsonl'})")
     if info["config"] is not None:
         print("config:")
-        for line in json.dumps(info["config"], indent=2, sort_keys=True).splitlines():
-            print(f"  {line}")
+        for line in json.dumps(info["config"], indent=2, sort_keys=True, default=str).splitlines():
+            print(f"  {line}")  # JSON: control characters are escaped (\u001b)
     else:
         print("config: none saved")
     return 0
@@ -76,10 +83,7 @@ def run_info(workdir: str) -> dict[str, Any]:
     each scalar in metrics.jsonl, and the latest checkpoint's config."""
     from jaxmon._checkpoint import complete_steps, read_meta
 
-    if not os.path.isdir(workdir):
-        from jaxmon._experiment.config_file import ConfigError
-
-        raise ConfigError(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
+    check_run(workdir)
     checkpoints = []
     for step in complete_steps(workdir):
         path = os.path.join(workdir, str(step))
@@ -130,31 +134,66 @@ def _plot(args: argparse.Namespace) -> int:
     runs = {}  # each run's label: {tag: (steps, values)}
     for workdir in args.workdirs:
         path = os.path.join(workdir, "metrics.jsonl")
-        if not os.path.exists(path):
-            print(f"jaxmon plot: no metrics.jsonl in {workdir!r}; summaries of a run go there "
-                  "(SummarySaverHook / MonitoredTrainingSession with a checkpoint or summary dir).", file=sys.stderr)
+        if not os.path.isfile(path):
+            why = ("a directory that is not a jaxmon run (no checkpoint, TensorBoard event file or hparams.json "
+                   "either): pass the --workdir of a `jaxmon train` run" if os.path.isdir(workdir) and not is_run(
+                       workdir) else "summaries of a run go there (SummarySaverHook / MonitoredTrainingSession "
+                                     "with a checkpoint or summary dir)")
+            print(f"jaxmon plot: no metrics.jsonl in {workdir!r}, {why}.", file=sys.stderr)
             return 2
         series = read_series(path)
         if args.tags:
             missing = sorted(set(args.tags) - set(series))
             if missing:
-                print(f"jaxmon plot: no scalar {missing[0]!r} in {path}; it has {', '.join(sorted(series))}.",
-                      file=sys.stderr)
+                print(f"jaxmon plot: no scalar {missing[0]!r} in {shown(path)}; it has "
+                      f"{shown(', '.join(sorted(series)))}.", file=sys.stderr)
                 return 2
             series = {tag: series[tag] for tag in args.tags}
         if not series:
-            print(f"jaxmon plot: {path} holds no scalars.", file=sys.stderr)
+            print(f"jaxmon plot: {shown(path)} holds no scalars.", file=sys.stderr)
             return 2
         runs[_run_label(workdir, runs)] = series
     tags = sorted({tag for series in runs.values() for tag in series})
+    out = _out_path(args.out, args.workdirs)
     figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in args.workdirs))
-    out = args.out or os.path.join(args.workdirs[0] if len(args.workdirs) == 1 else ".", "metrics.png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
-    shown = f"{len(runs)} runs, " if len(runs) > 1 else ""
-    print(f"wrote {out} ({shown}{len(tags)} scalars: {', '.join(tags)})")
+    from jaxmon._paths import LinkedFileError, open_file
+
+    try:  # the default, DIR/metrics.png, is a file of the run's directory: never written through a link
+        with open(out, "wb") if args.out else open_file(out, "wb") as file:
+            figure.savefig(file, dpi=100, format=os.path.splitext(out)[1][1:].lower())
+    except LinkedFileError as error:
+        raise _given_wrong(f"{error} Or give --out another file.") from None
+    finally:
+        plt.close(figure)
+    several = f"{len(runs)} runs, " if len(runs) > 1 else ""
+    print(f"wrote {shown(out)} ({several}{len(tags)} scalars: {shown(', '.join(tags))})")
     return 0
+
+
+def _out_path(out: str | None, workdirs: list[str]) -> str:
+    """The file `jaxmon plot` writes: `--out`, with ".png" added when it has no extension,
+    or in the directory it names `<run>.png` (`metrics.png` for several runs); without
+    `--out`, DIR/metrics.png (./metrics.png for several runs).
+
+    Raises:
+      ConfigError: `--out` has an extension matplotlib cannot write.
+    """
+    if out is None:
+        return os.path.join(workdirs[0] if len(workdirs) == 1 else ".", "metrics.png")
+    if os.path.isdir(out):
+        name = os.path.basename(os.path.abspath(workdirs[0])) if len(workdirs) == 1 else ""
+        return os.path.join(out, f"{name or 'metrics'}.png")
+    extension = os.path.splitext(out)[1][1:].lower()
+    if not extension:
+        return f"{out}.png"
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if extension not in FigureCanvasBase.get_supported_filetypes():
+        types = ", ".join(sorted(FigureCanvasBase.get_supported_filetypes()))
+        raise _given_wrong(f"--out {out!r}: matplotlib cannot write .{extension} files; give a name ending in one "
+                           f"of {types} (or a directory, to write <run>.png in it).")
+    return out
 
 
 def read_series(path: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -255,27 +294,79 @@ def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:
 
 
 def _records(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line cut off by a killed writer, or one without
-    a step, is skipped with a note on stderr."""
+    """The records of a metrics.jsonl. A line that is no JSON record of a step (one a
+    killed writer cut off, bytes that are not UTF-8 text) is skipped with a note on
+    stderr naming the file and the line: what the rest of the file holds stays usable.
+
+    Raises:
+      ConfigError: the file cannot be read (a directory, no permission).
+    """
     if not os.path.exists(path):
         return []
-    records, bad = [], 0
-    with open(path) as file:
-        for line in file:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-            elif not (isinstance(record, dict) and set(record) == {"hparams"}):  # the header is no step's
-                bad += 1
+    records, bad = [], []
+    try:
+        with open(path, "rb") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                except ValueError:  # UnicodeDecodeError too
+                    bad.append(number)
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    records.append(record)
+                elif not (isinstance(record, dict) and set(record) == {"hparams"}):  # the header is no step's
+                    bad.append(number)
+    except OSError as error:
+        raise _given_wrong(f"Cannot read {shown(path)}: {error.strerror or error}.") from error
     if bad:
-        print(f"jaxmon: skipped {bad} unreadable line(s) of {path}", file=sys.stderr)
+        lines = ("line " if len(bad) == 1 else "lines ") + ", ".join(map(str, bad[:3])) + (", ..." * (len(bad) > 3))
+        print(f"jaxmon: skipped {len(bad)} unreadable line(s) of {shown(path)} ({lines}): not a JSON record "
+              "of a step", file=sys.stderr)
     return records
+
+
+def is_run(workdir: str) -> bool:
+    """Whether the directory `workdir` holds what a run writes: a complete checkpoint,
+    metrics.jsonl, TensorBoard event files or hparams.json."""
+    from jaxmon._checkpoint import complete_steps
+    from jaxmon._writers.events import event_files
+
+    files = [os.path.join(workdir, name) for name in ("metrics.jsonl", "hparams.json")]
+    return bool(complete_steps(workdir) or event_files(workdir) or any(map(os.path.isfile, files)))
+
+
+def check_run(workdir: str) -> None:
+    """Checks that `workdir` is a run's directory (`is_run`).
+
+    Raises:
+      ConfigError: `workdir` is no directory, or not a run's.
+    """
+    if not os.path.isdir(workdir):
+        raise _given_wrong(f"No run directory at {workdir!r}; pass the --workdir of a `jaxmon train` run.")
+    if not is_run(workdir):
+        raise _given_wrong(f"{workdir!r} is not a jaxmon run: it holds no checkpoint, metrics.jsonl, "
+                           "TensorBoard event file or hparams.json. Pass the --workdir of a `jaxmon train` run.")
+
+
+def _given_wrong(message: str) -> Exception:
+    """A ConfigError: the command exits 2 with `message`."""
+    from jaxmon._experiment.config_file import ConfigError
+
+    return ConfigError(message)
+
+
+def shown(value: Any) -> str:
+    r"""`value` as text safe to print on a terminal: characters that are not printable
+    (terminal escape sequences' ESC, carriage returns, bidirectional overrides) as their
+    Python escapes.
+
+    Example:
+      >>> print(shown("2024-01-01\x1b[2J"))
+      2024-01-01\x1b[2J
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
 
 
 def _is_number(value: Any) -> bool:

@@ -25,6 +25,8 @@ import logging
 import os
 import zlib
 
+from jaxmon._paths import open_file
+
 logger = logging.getLogger("jaxmon")
 
 MANIFEST = "jaxmon-integrity.json"
@@ -87,7 +89,7 @@ def seal(step_directory: str | os.PathLike) -> None:
     files = {name: [os.path.getsize(os.path.join(step_directory, name)), crc32(os.path.join(step_directory, name))]
              for name in _files(step_directory)}
     path = os.path.join(step_directory, MANIFEST)
-    with open(path + ".tmp", "w") as file:
+    with open_file(path + ".tmp", "w", fresh=True) as file:
         json.dump({"format": FORMAT, "algorithm": "crc32", "files": files}, file, indent=0)
         file.flush()
         os.fsync(file.fileno())

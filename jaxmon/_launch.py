@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jaxmon import _agree
 from jaxmon._experiment.config_file import ConfigError
 
 __all__ = ["Cluster", "connect", "detect"]
@@ -72,13 +73,15 @@ def detect() -> Cluster:
 def connect() -> Cluster:
     """Connects to the other processes (`jaxmon.distributed.initialize()`, JAX's own
     detection) if this process is one of several and not connected yet; returns
-    `detect()`'s answer."""
+    `detect()`'s answer. The line a lost peer ends this process with (when JAX's
+    coordination client ends it) starts with `jaxmon train: `, as the command's own do."""
     cluster = detect()
     if cluster.processes > 1 and not jax.distributed.is_initialized():
         from jaxmon import distributed
 
         logger.info("One of %d processes (%s): connecting to the others.", cluster.processes, cluster.source)
         distributed.initialize()
+        _agree.failure_line["prefix"] = "jaxmon train: "
     return cluster
 
 

@@ -4,8 +4,12 @@ processes), iterators without a position (`ResumableIterator`), and positions as
 from __future__ import annotations
 
 import base64
+import functools
 import logging
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -167,7 +171,13 @@ class _Rows:
 def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int) -> Any:
     """A grain pipeline over in-memory `arrays` (`jaxmon train` with `data.loader: "grain"`):
     the rows shuffled anew each epoch, in full batches, built by `worker_count` worker
-    processes (0: in this process)."""
+    processes (0: in this process).
+
+    The workers end with this process, however it ends (`end_with_parent`). Each batch
+    is copied out of the shared memory a worker hands it over in, which is then freed
+    at once: a batch kept by JAX until the interpreter's exit (on the CPU `device_put`
+    may use the host memory as it is) would leave its block to Python's
+    `resource_tracker`, which reports it as leaked after the run's last line."""
     try:
         import grain
     except ImportError:
@@ -175,5 +185,42 @@ def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker
     dataset = grain.MapDataset.source(_Rows(arrays))
     dataset = dataset.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True).to_iter_dataset()
     if worker_count:
-        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count),
+                                      worker_init_fn=functools.partial(end_with_parent, os.getpid()))
+        dataset = dataset.map(_own_copy)
     return dataset
+
+
+def _own_copy(batch: dict[str, Any]) -> dict[str, Any]:
+    """`batch`'s arrays in this process's own memory (not grain's shared memory blocks)."""
+    import numpy as np
+
+    return {key: np.array(value, copy=True) for key, value in batch.items()}
+
+
+#: How often a worker process checks that its parent still runs, in seconds.
+_PARENT_POLL_S = 0.25
+
+
+def end_with_parent(parent: int, *_: int) -> None:
+    """A grain worker's init function (`mp_prefetch(worker_init_fn=...)`: grain adds the
+    worker's index and count): ends this worker process when process `parent` has
+    ended, however it ended, SIGKILL included.
+
+    A daemon thread checks every 0.25 s that this process's parent is still `parent`
+    (an orphan is handed to init or a subreaper), and ends the process at once
+    otherwise. Linux's `PR_SET_PDEATHSIG` would not do: it fires when the *thread* that
+    started the worker ends, and grain starts its workers from threads of its own.
+    The shared memory the worker leaves is then freed by Python's `resource_tracker`,
+    which ends too once the workers have. `array_pipeline` passes
+    `functools.partial(end_with_parent, os.getpid())` to `mp_prefetch`.
+    """
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="jaxmon-end-with-parent", daemon=True).start()

@@ -30,6 +30,7 @@ from typing import IO
 
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._launch import detect
+from jaxmon._paths import open_file
 
 __all__ = ["GRACE_SECS", "LEVEL_NAMES", "processes_option", "run_processes"]
 
@@ -158,7 +159,7 @@ class _Children:
         warnings and errors to this one's stderr)."""
         readers = []
         for i, process in enumerate(self._processes[1:], start=1):
-            log = open(self._logs[i], "a", encoding="utf-8")  # noqa: SIM115  (closed by the last reader)
+            log = open_file(self._logs[i], "a", encoding="utf-8")  # closed by the last reader; never through a link
             log.write(f"==== {datetime.datetime.now().isoformat(timespec='seconds')} process {i} of "
                       f"{len(self._processes)}: {' '.join(self._command)}\n")
             log.flush()

@@ -1,10 +1,13 @@
 """Names of pytree leaves: a `jax.tree_util` key path as "a/b/c", and nested dicts
-flattened by their keys' paths."""
+flattened by their keys' paths; files of a run directory opened for writing without
+following a symbolic link."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import jax
 
@@ -61,3 +64,74 @@ def flatten(tree: Mapping[str, Any], separator: str = "/", prefix: str = "") -> 
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+#: `open()`'s writing modes as `os.open` flags.
+_MODES = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
+
+
+class LinkedFileError(OSError):
+    """A file jaxmon writes in a run directory is a symbolic link: jaxmon writes no file
+    through a link (it would overwrite the link's target)."""
+
+    def __init__(self, path: str):
+        super().__init__(f"{path} is a symbolic link")
+        self.filename = path  # no errno: wrappers that name a full disk's file pass it on as it is
+
+    def __str__(self) -> str:
+        return (f"{self.filename} is a symbolic link (to {os.readlink(self.filename)!r}), not a file: jaxmon "
+                "writes no file of a run directory through a link. Remove the link (jaxmon then writes its "
+                "own file there) and run again.") if os.path.islink(self.filename) else (
+                f"{self.filename} is a symbolic link, not a file: remove it and run again.")
+
+
+def open_fd(path: str | os.PathLike, flags: int, permissions: int = 0o666) -> int:
+    """`os.open(path, flags, permissions)` for a file jaxmon writes in a run directory,
+    with `O_NOFOLLOW`: a symbolic link at `path` is refused (its target is left alone).
+
+    Raises:
+      LinkedFileError: `path` is a symbolic link.
+    """
+    path = os.fspath(path)
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, permissions)
+    except OSError as error:
+        if error.errno == errno.ELOOP and os.path.islink(path):
+            raise LinkedFileError(path) from None
+        raise
+
+
+def open_file(path: str | os.PathLike, mode: str = "w", *, fresh: bool = False,
+              encoding: str | None = None) -> IO[Any]:
+    """`open(path, mode)` for a file jaxmon writes in a run directory, never through a
+    symbolic link.
+
+    Args:
+      path: the file.
+      mode: "w", "a", "wb" or "ab".
+      fresh: for a temporary file of jaxmon's own name: whatever is at `path` (a file, a
+        link) is removed, and the file is created anew (`O_EXCL`).
+      encoding: a text mode's encoding.
+
+    Returns:
+      The open file.
+
+    Raises:
+      LinkedFileError: `path` is a symbolic link (and not `fresh`).
+
+    Example:
+      >>> import tempfile
+      >>> directory = tempfile.mkdtemp()
+      >>> os.symlink(os.devnull, os.path.join(directory, "log"))
+      >>> open_file(os.path.join(directory, "log"), "a")
+      Traceback (most recent call last):
+      jaxmon._paths.LinkedFileError: .../log is a symbolic link (to '/dev/null'), not a file: ...
+    """
+    flags = _MODES[mode.replace("b", "")]
+    if fresh:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        flags = (flags & ~os.O_TRUNC) | os.O_EXCL
+    return os.fdopen(open_fd(path, flags), mode, encoding=encoding)

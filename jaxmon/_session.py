@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from jaxmon import _agree, _errors, _fetches, _scan_unroll, _sharding
+from jaxmon import _agree, _checkpoint, _errors, _fetches, _scan_unroll, _sharding
 from jaxmon._batches import BatchSource, as_run
 from jaxmon._dispatch import Dispatch
 from jaxmon._hook import Hook
@@ -34,10 +34,9 @@ logger = logging.getLogger("jaxmon")
 class MonitoredSession:
     """Runs a step function with hooks: TF 1.x's `MonitoredSession`, made for JAX.
 
-    The state (any pytree) flows through `step_fn(state, batch) -> (new_state,
-    outputs)`, jitted with the state donated. Each `run()` calls every `before_run`,
-    dispatches ONE compiled step that also computes what hooks and caller fetch, then
-    every `after_run`. A run in which nobody reads anything never waits for the device.
+    The state (any pytree) flows through `step_fn(state, batch) -> (new_state, outputs)`, jitted with the state
+    donated. Each `run()` calls every `before_run`, dispatches ONE compiled step that also computes what hooks and
+    caller fetch, then every `after_run`. A run in which nobody reads anything never waits for the device.
 
     Args:
       step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable; `outputs` is a dict of arrays
@@ -105,7 +104,7 @@ class MonitoredSession:
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
                                hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
-                               max_recoveries=max_recoveries)
+                               max_recoveries=max_recoveries, donate_state=donate_state)
         self._state, self._step, self._closed = None, initial_step, False
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
@@ -117,6 +116,7 @@ class MonitoredSession:
             self._life.create(self._created)
         except BaseException:
             self._closed = True
+            self._preemption.uninstall()  # the signal handlers go back to what they were
             self._batches.give_back()  # a loader's worker processes too
             self._runner.close(raise_errors=False)  # release what begin() opened
             raise
@@ -180,8 +180,8 @@ class MonitoredSession:
             length, given = 1, batch
         else:
             length, batch, given = as_run(batch, self.steps_per_dispatch)
-        if self._preemption.requested:
-            self._runner.reschedule()  # a saver's next trigger is now
+        _checkpoint.raise_failed_save(self.hooks, self._step)  # a save failed in the background: stop now
+        self._preemption.requested and self._runner.reschedule()  # a saver's next trigger is now
         plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
         self._state, self._step = result.state, self._step + length

@@ -47,12 +47,15 @@ class StateLife:
       batches: the session's data, whose position checkpoints keep.
       accumulators: the hooks' reductions, whose open windows checkpoints keep.
       max_recoveries: how many recoverable errors a creation retries.
+      donate_state: whether the step takes the state's buffers (then leaves sharing a
+        buffer are copied apart first: `unaliased`).
     """
 
     def __init__(self, init_fn: Callable[[], Any] | None, state: Any, *, placement: _sharding.Placement | None,
                  checkpoint_dir: str | os.PathLike | None, warm_start: Any, initial_step: int,
                  config: Mapping[str, Any] | None,
-                 hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int):
+                 hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int,
+                 donate_state: bool = True):
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:
@@ -67,7 +70,7 @@ class StateLife:
         self._initial_step = initial_step
         self._config = None if config is None else _checkpoint.check_json(dict(config), "config")
         self._hooks, self._batches, self._accumulators = hooks, batches, accumulators
-        self.max_recoveries = max_recoveries
+        self.max_recoveries, self._donate_state = max_recoveries, donate_state
         #: The step of the checkpoint the session was created from (None: a fresh start).
         self.restored_step: int | None = None
         self.warm_start_report: _warm_start.WarmStartReport | None = None
@@ -109,7 +112,7 @@ class StateLife:
             state, step = self._init_fn(), self._initial_step
             if self._warm_start is not None:
                 state, self.warm_start_report = _warm_start.warm_start(state, self._warm_start)
-            state = unaliased(state)
+            state = unaliased(state, donated=self._donate_state)
         return (state if self._placement is not None else committed(state)), step
 
     def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
@@ -207,10 +210,13 @@ def _data_position(meta: dict[str, Any], step: int) -> Any:
     return positions[jax.process_index()]
 
 
-def unaliased(state: Any) -> Any:
+def unaliased(state: Any, donated: bool = True) -> Any:
     """`state` with a copy of every leaf that shares its buffer with an earlier leaf
-    (TF's moving-average idiom `extras={"avg": params}`), noticed in one line: the step
-    takes the state's buffers (donation), and XLA refuses to take one twice."""
+    (TF's moving-average idiom `extras={"avg": params}`), noticed in one line: a step
+    that takes the state's buffers (donation) cannot take one twice. A state that is not
+    donated (`donated=False`) is returned as it is: reading one buffer twice is fine."""
+    if not donated:
+        return state
     seen: dict[int, str] = {}
     copied = []
 
@@ -230,9 +236,10 @@ def unaliased(state: Any) -> Any:
     state = jax.tree_util.tree_map_with_path(leaf, state)
     if copied:
         pairs = ", ".join(f"{name} (the buffer of {first})" for name, first in copied)
-        logger.warning("Copied %d state leaves that share a buffer with another: %s. The step takes the state's "
-                       "buffers, and one buffer cannot be taken twice; give each leaf its own array (jnp.copy) "
-                       "to skip this copy.", len(copied), pairs)
+        logger.warning("Copied %d state leaves that share a buffer with another: %s. The step is given the "
+                       "state's buffers to reuse (donate_state=True), and one buffer cannot be given twice; give "
+                       "each leaf its own array (jnp.copy), or pass donate_state=False, to skip this copy.",
+                       len(copied), pairs)
     return state
 
 

@@ -12,6 +12,13 @@ from typing import Any
 from jax.experimental import multihost_utils
 
 logger = logging.getLogger("jaxmon")
+_entered = False  # see session_entered()
+
+
+def session_entered() -> bool:
+    """Whether a session of this process has entered its `with` block (training started):
+    the `jaxmon` command's line after a stop says so."""
+    return _entered
 
 
 class Stopping:
@@ -85,6 +92,8 @@ class Preemption:
 
     def catch_ctrl_c(self) -> None:
         """Turns Ctrl-C into `request()` too, until `uninstall()`."""
+        global _entered
+        _entered = True
         if self._catching and len(self._handlers) == 1:
             self._handlers.append(_SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested))
 

@@ -15,18 +15,47 @@ and `=1`)::
                                      checkpoint_dir="runs/dp") as sess:
         while not sess.should_stop():
             sess.run()
+
+When a process dies, the others stop too, as JAX's multi-controller runtime wants, but
+without native dumps: a survivor raises `jm.PeerError` (`lost=True`) at its next step's
+collective (at once on CPU, where gloo reports the closed connection) or agreement, and
+at exit it skips JAX's shutdown barrier, which would wait for the dead process, and ends
+with exit code 75 (`PEER_LOST_EXIT_CODE`). Where the survivor does not notice by itself
+(the coordinator, process 0, died: JAX's coordination client notices within
+milliseconds; a collective that hangs: its heartbeat timeout, `heartbeat_timeout_seconds`,
+100 s by default), JAX's client ends the process: its default, a fatal log with a native
+stack trace, is replaced by one line on stderr and exit code 75 (after up to
+`GRACE_SECS` for a main thread that already raised `PeerError` to end the process
+itself).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
 
 import jax
+
+from jaxmon import _agree
 
 __all__ = ["initialize", "is_chief", "shutdown"]
 
 logger = logging.getLogger("jaxmon")
+
+#: Seconds JAX's coordination client, once it reports a failure, leaves a main thread that
+#: has raised `PeerError` already to end the process its own way.
+GRACE_SECS = 10.0
+
+#: The attribute of `jax._src.distributed` that makes JAX's coordination client (jaxlib's module).
+_CLIENT_MODULE = "_jax"
+_terminate: list[Any] = []  # the C++ terminate handler installed (kept alive), and the one it replaced
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -44,9 +73,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         makes every process save and stop at one agreed step.
       log_prefix: prefix the `jaxmon` logger's lines with `[process i/n]`.
       **kwargs: passed on to `jax.distributed.initialize` (e.g. `local_device_ids`, or
-        `heartbeat_timeout_seconds`: when a process dies, the others raise
-        `jm.PeerError` at their next run at once, but JAX aborts them only after this
-        timeout, 100 s by default).
+        `heartbeat_timeout_seconds`: how long a process may stop answering before the
+        coordinator declares it dead and the others stop, 100 s by default; a process
+        that dies with its connections closed is noticed at once).
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
@@ -55,8 +84,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         process_id = int(os.environ["JAX_PROCESS_ID"])
     if preemption_sync:
         jax.config.update("jax_enable_preemption_service", True)
-    jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=initialization_timeout, **kwargs)
+    with _clean_fatal_errors():
+        jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id,
+                                   initialization_timeout=initialization_timeout, **kwargs)
+    from jax._src.distributed import global_state
+
+    _agree.failure_line["where"] = (f"process {jax.process_index()} of {jax.process_count()}, coordinator "
+                      f"{global_state.coordinator_address}")
     if log_prefix:
         prefix = f"[process {jax.process_index()}/{jax.process_count()}] "
 
@@ -77,5 +111,95 @@ def is_chief() -> bool:
 
 
 def shutdown() -> None:
-    """`jax.distributed.shutdown()`: disconnects from the other processes."""
+    """`jax.distributed.shutdown()`: disconnects from the other processes (after a lost
+    peer it does nothing: JAX's shutdown barrier would wait for the dead process; the
+    process then ends with exit code 75)."""
+    if _agree.peer_lost():
+        logger.info("Not shutting down jax.distributed: a peer was lost (its barrier would wait for it).")
+        return
     jax.distributed.shutdown()
+
+
+@contextlib.contextmanager
+def _clean_fatal_errors() -> Iterator[None]:
+    """While `jax.distributed.initialize` runs: the client it makes gets
+    `_coordination_failed` as its missed-heartbeat callback, which JAX's coordination
+    client calls (on its own thread) when the service reports an error, a peer's death
+    included, or when the service is gone. Its default logs a fatal error with a
+    native stack dump and aborts.
+
+    jaxlib 0.10 cannot pass its `absl::Status` to a Python callback: the call throws
+    std::bad_cast, which ends in std::terminate on the client's thread before the
+    callback runs. So the callback goes in only where a C++ terminate handler that
+    turns that bad_cast into `_coordination_failed` is in place (`_catch_terminate`);
+    elsewhere JAX's default stays. A jaxlib that can call the callback calls it directly.
+    """
+    from jax._src import distributed as jax_distributed
+
+    real = getattr(jax_distributed, _CLIENT_MODULE, None)
+    make = getattr(real, "get_distributed_runtime_client", None)
+    if make is None or "missed_heartbeat_callback" not in (make.__doc__ or "") or not _catch_terminate():
+        yield
+        return
+
+    class WithCallback:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        @staticmethod
+        def get_distributed_runtime_client(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("missed_heartbeat_callback", _coordination_failed)
+            return make(*args, **kwargs)
+
+    setattr(jax_distributed, _CLIENT_MODULE, WithCallback())  # what its State.initialize calls
+    try:
+        yield
+    finally:
+        setattr(jax_distributed, _CLIENT_MODULE, real)
+
+
+def _catch_terminate() -> bool:
+    """Installs (once) a C++ terminate handler that calls `_coordination_failed` when
+    the exception that ends the process is a std::bad_cast (what jaxlib's missed-heartbeat
+    callback throws), and hands any other to the handler it replaced; returns whether
+    it is in place (Linux with libstdc++ only)."""
+    if _terminate:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libstdcxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        set_terminate = libstdcxx["_ZSt13set_terminatePFvvE"]  # std::set_terminate
+        exception_type = libstdcxx["__cxa_current_exception_type"]
+    except (OSError, AttributeError):
+        return False
+    set_terminate.restype, set_terminate.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    exception_type.restype = ctypes.c_void_p
+    handler_type = ctypes.CFUNCTYPE(None)
+
+    def on_terminate() -> None:
+        info = exception_type()  # a std::type_info: its vtable, then its mangled name
+        name = ctypes.cast(info + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0] if info else None
+        if name == b"St8bad_cast":
+            _coordination_failed()
+        handler_type(_terminate[1])()  # the previous handler: it prints the exception and aborts
+
+    handler = handler_type(on_terminate)
+    _terminate.extend([handler, set_terminate(ctypes.cast(handler, ctypes.c_void_p))])
+    return True
+
+
+def _coordination_failed(*status: Any) -> None:
+    """What JAX's coordination client calls, on its own thread, when the service reports
+    an error (another process died or stopped answering) or is gone (the coordinator
+    died): one line on stderr, then exit code 75. A main thread that raised `PeerError`
+    already is given `GRACE_SECS` to end the process itself first."""
+    if _agree.peer_lost():
+        time.sleep(GRACE_SECS)
+    detail = f" ({' '.join(str(status[0]).split())[:300]})" if status else ""
+    line = _agree.failure_line
+    os.write(2, (f"{line['prefix']}PeerError: JAX's coordination service reports a failure: another process of "
+                 f"this run died or stopped answering, or the coordinator (process 0) did{detail}. This process "
+                 f"({line['where'] or 'one of several'}) stops too, with exit code {_agree.PEER_LOST_EXIT_CODE}; "
+                 "the complete checkpoints stand: start every process again to resume.\n").encode(errors="replace"))
+    os._exit(_agree.PEER_LOST_EXIT_CODE)

@@ -566,8 +566,8 @@ def test_a_save_that_fails_in_the_background_is_raised_not_swallowed(where, monk
                 sess.run()
             loop_done.append(sess.step)
     notes = " ".join(getattr(info.value, "__notes__", []))
-    if where == "run":  # the failed save of step 2 surfaces when the save of step 4 starts
-        assert not loop_done and sess.step == 4 and "after_run" in notes
+    if where == "run":  # the failed save of step 2 surfaces at the first run once it failed (at 4 at the latest)
+        assert not loop_done and 2 <= sess.step <= 4 and ("training stopped there" in notes or "after_run" in notes)
     else:  # the save at end fails while the session closes cleanly
         assert loop_done == [2] and "close" in notes
     assert complete_steps(directory) == [0]  # the failed checkpoint is never listed

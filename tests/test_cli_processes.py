@@ -137,7 +137,9 @@ FAKE = textwrap.dedent('''
     print(f"process {i} of {count} at {os.environ['JAX_COORDINATOR_ADDRESS']} on {os.environ['JAX_PLATFORMS']}")
     print(f"12:00:00{' INFO' if i else ''} an info line of {i}", file=sys.stderr)
     print(f"I1125 12:00:00.000000 {os.getpid()} cc:1] a C++ info line of {i}", file=sys.stderr)
-    if mode == "fail" and i == 1:
+    if mode == "fail" and i == 1:  # once process 0 ignores SIGTERM
+        while not os.path.exists(os.path.join(ready, "ready-0")):
+            time.sleep(0.01)
         print("12:00:01 WARNING process 1 fails", file=sys.stderr)
         sys.exit(3)
     if mode in ("stubborn", "fail"):  # only SIGKILL ends it

@@ -180,8 +180,9 @@ def test_a_model_that_cannot_be_built_is_not_blamed_on_the_session(tmp_path):
     config["model"]["features"] = 16  # not a list: as a YAML file could say
     with pytest.raises(jm.ConfigError) as error:
         jm.train_experiment(config, tmp_path)
-    assert "Creating the session from the config failed: TypeError" in str(error.value)
-    assert "check the keys of session" not in str(error.value)
+    assert "Initialising the model 'jaxmon.models:CNN'" in str(error.value)
+    assert "model.features=16" in str(error.value) and "TypeError" in str(error.value)
+    assert "session" not in str(error.value)
 
 
 def test_a_config_may_use_modules_next_to_it_several_steps_per_dispatch_and_hooks_writing_to_the_run(tmp_path):

@@ -373,11 +373,18 @@ def test_waiter_on_its_own_restored_session_starts_at_once():
     assert sess.step == 6 and sleeps == []
 
 
+def committed(directory):
+    """A step directory as Orbax leaves a complete one: with its commit marker."""
+    directory.mkdir()
+    (directory / "commit_success.txt").write_text("")
+
+
 def test_latest_checkpoint_step_ignores_unfinished_checkpoints_and_files(tmp_path):
-    (tmp_path / "100").mkdir()
-    (tmp_path / "200").mkdir()
+    committed(tmp_path / "100")
+    committed(tmp_path / "200")
     (tmp_path / "300.orbax-checkpoint-tmp-1").mkdir()
     (tmp_path / "400").write_text("a file, not a checkpoint")
+    (tmp_path / "500").mkdir()  # empty: not a checkpoint either
     assert jm.latest_checkpoint_step(tmp_path) == 200
     assert jm.latest_checkpoint_step(str(tmp_path)) == 200
     assert jm.latest_checkpoint_step(tmp_path / "missing") is None
@@ -386,8 +393,8 @@ def test_latest_checkpoint_step_ignores_unfinished_checkpoints_and_files(tmp_pat
 
 
 def test_waiter_on_a_checkpoint_directory(tmp_path):
-    (tmp_path / "100").mkdir()
-    (tmp_path / "200").mkdir()
+    committed(tmp_path / "100")
+    committed(tmp_path / "200")
     (tmp_path / "300.orbax-checkpoint-tmp-1").mkdir()
     fake = FakeTime()
     hook = jm.GlobalStepWaiterHook(150, watch=tmp_path, clock=fake.clock, sleep=fake.sleep)

@@ -47,41 +47,90 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     directory = os.path.dirname(os.path.abspath(path))
     if directory not in sys.path:  # modules next to the config (a data loader, a model) import by name
         sys.path.append(directory)
-    if path.endswith((".yaml", ".yml")):
-        with open(path) as file:
-            config = _load_yaml(file, path)
-    else:
-        try:
-            namespace = runpy.run_path(path)
-        except SyntaxError as error:
-            raise ConfigError(f"{error.filename}, line {error.lineno}: {error.msg} (the config file's Python "
-                              "syntax; fix that line).") from error
-        if not callable(namespace.get("get_config")):
-            raise ConfigError(f"The config file {path} defines no get_config(); "
-                              "add `def get_config(): return {...}`.")
-        config = namespace["get_config"]()
-    config = _plain(config)
+    config = _load_yaml(path) if path.endswith((".yaml", ".yml")) else _load_python(path)
+    config = _plain(config, path)
     if not isinstance(config, dict):
         raise ConfigError(f"The config of {path} must be a dict (or a ConfigDict); got {type(config).__name__}.")
     return apply_overrides(config, overrides)
 
 
-def _load_yaml(file: Any, path: str) -> Any:
+#: A config's bounds: how deep it nests and how many values it holds once its YAML
+#: aliases are expanded (a "billion laughs" of a few hundred bytes expands to 10^9).
+MAX_DEPTH, MAX_VALUES = 100, 1_000_000
+
+
+def _load_python(path: str) -> Any:
+    """Runs the Python config file `path` and calls its `get_config()`; an error in
+    either names the file and the line of it where the error was raised."""
+    try:
+        namespace = runpy.run_path(path)
+    except SyntaxError as error:
+        where = f"{error.filename or path}" + (f", line {error.lineno}" if error.lineno else "")
+        raise ConfigError(f"{where}: {error.msg} (the config file's Python syntax; fix that line).") from error
+    except ConfigError:
+        raise
+    except Exception as error:
+        raise ConfigError(_raised_in(path, error, "running the config file")) from error
+    if not callable(namespace.get("get_config")):
+        raise ConfigError(f"The config file {path} defines no get_config(); "
+                          "add `def get_config(): return {...}`.")
+    try:
+        return namespace["get_config"]()
+    except ConfigError:  # a config that loads another config: that one's error names its file
+        raise
+    except Exception as error:
+        raise ConfigError(_raised_in(path, error, "in its get_config()")) from error
+
+
+def _raised_in(path: str, error: Exception, when: str) -> str:
+    """One line for an `error` raised `when` running the config `path`: the file, the
+    line of it the traceback last passes through, and the error."""
+    import traceback
+
+    here = os.path.realpath(path)
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if frame.filename and os.path.realpath(frame.filename) == here]
+    where = f"{path}, line {lines[-1]}" if lines else path
+    text = " ".join(f"{type(error).__name__}: {error}".split()).rstrip(".")
+    return f"{where}: {text} (raised {when}; fix the config there)."
+
+
+def _load_yaml(path: str) -> Any:
     """YAML with YAML 1.2's numbers: PyYAML follows YAML 1.1, where `1e-3` (no dot) is
-    a string; here it is the float a config means. A syntax error names the line."""
+    a string; here it is the float a config means. A syntax error names the line; a
+    file that is not UTF-8 text, nests deeper than `MAX_DEPTH` or expands through its
+    aliases to more than `MAX_VALUES` values is refused before it is built."""
     import re
 
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as error:
+        raise ConfigError(f"Cannot read the config file {path!r}: {error.strerror or error}.") from error
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): a "
+                          "YAML config is a text file; check that --config names the config.") from None
+
+    class Loader(_BoundedComposer, yaml.SafeLoader):
         pass
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
         list("-+0123456789"))
+    Loader.config_path = path
+    loader = None
     try:
-        return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+        loader = Loader(text)  # a character YAML does not allow is an error already here
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, path, 1, {}, set())
+        return loader.construct_document(node)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
@@ -89,6 +138,63 @@ def _load_yaml(file: Any, path: str) -> Any:
         context = getattr(error, "context", None)
         raise ConfigError(f"{where}: {problem}{f' ({context})' if context else ''}: the config file's YAML "
                           "syntax; fix it there.") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+class _BoundedComposer:
+    """A PyYAML loader mixin whose composer refuses nesting deeper than `MAX_DEPTH`
+    (PyYAML composes recursively: 5,000 levels end in a RecursionError)."""
+
+    config_path = "the config"
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise ConfigError(f"{_at(self.config_path, self.peek_event().start_mark)}: nested more than "
+                                  f"{MAX_DEPTH} levels deep; a config is refused past that: flatten it.")
+            return super().compose_node(parent, index)  # type: ignore[misc]
+        finally:
+            self._depth -= 1
+
+
+def _at(path: str, mark: Any) -> str:
+    return f"{path}, line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _check_expansion(node: Any, path: str, depth: int, seen: dict[int, tuple[int, int]],
+                     open_nodes: set[int]) -> tuple[int, int]:
+    """The number of values and the depth of the YAML `node` with every alias expanded
+    (each node is walked once, where it is written); a `ConfigError` naming the line
+    if the count passes `MAX_VALUES`, the depth `MAX_DEPTH` (named where the alias that
+    passes it is written), or an alias refers to a value that holds it."""
+    key = id(node)
+    if key in open_nodes:
+        raise ConfigError(f"{_at(path, node.start_mark)}: an alias refers to a value that holds it (a "
+                          "recursive structure); a config is a tree: write the values out.")
+    if key in seen:  # an alias: its parent checks the depth it brings
+        return seen[key]
+    children = node.value if isinstance(node.value, list) else []
+    open_nodes.add(key)
+    count, height = 1, 1
+    for child in children:
+        for part in child if isinstance(child, tuple) else (child,):  # a mapping's (key, value) pairs
+            values, levels = _check_expansion(part, path, depth + 1, seen, open_nodes)
+            count, height = count + values, max(height, levels + 1)
+            if count > MAX_VALUES:
+                raise ConfigError(
+                    f"{_at(path, node.start_mark)}: this value expands to more than {MAX_VALUES:,} values "
+                    "through its YAML aliases (a \"billion laughs\"); a config is refused past that: use fewer "
+                    "nested aliases.")
+            if depth + height - 1 > MAX_DEPTH:
+                raise ConfigError(f"{_at(path, node.start_mark)}: nested more than {MAX_DEPTH} levels deep once "
+                                  "its YAML aliases are expanded; a config is refused past that: flatten it.")
+    open_nodes.discard(key)
+    seen[key] = count, height
+    return count, height
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -220,12 +326,27 @@ def _kind(value: Any) -> str:
     return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
-def _plain(config: Any) -> Any:
-    """Plain dicts and lists from a ConfigDict, tuples or nested mappings."""
-    if hasattr(config, "to_dict") and callable(config.to_dict):
-        config = config.to_dict()
-    if isinstance(config, Mapping):
-        return {str(key): _plain(value) for key, value in config.items()}
-    if isinstance(config, (list, tuple)):
-        return [_plain(value) for value in config]
-    return config
+def _plain(config: Any, path: str) -> Any:
+    """Plain dicts and lists from a ConfigDict, tuples or nested mappings; a
+    `ConfigError` if `config` (from the file `path`) nests deeper than `MAX_DEPTH`
+    (or holds itself) or holds more than `MAX_VALUES` values."""
+    count = 0
+
+    def plain(node: Any, depth: int) -> Any:
+        nonlocal count
+        count += 1
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"The config of {path} is nested more than {MAX_DEPTH} levels deep (or holds "
+                              "itself); a config is refused past that: flatten it.")
+        if count > MAX_VALUES:
+            raise ConfigError(f"The config of {path} holds more than {MAX_VALUES:,} values; a config is refused "
+                              "past that: load large data in data.source instead.")
+        if hasattr(node, "to_dict") and callable(node.to_dict):
+            node = node.to_dict()
+        if isinstance(node, Mapping):
+            return {str(key): plain(value, depth + 1) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [plain(value, depth + 1) for value in node]
+        return node
+
+    return plain(config, 1)

@@ -3,8 +3,9 @@ model, the optimizer, the task, the mesh and where the state lives on it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -41,6 +42,9 @@ def parts_of(config: Mapping[str, Any]) -> Parts:
     """Builds the parts of `config` (checked: a `ConfigError` names what is wrong; a
     `ShardingError` the parameter and mesh axis that do not divide)."""
     seed = get_key(config, "seed", int, 0)
+    if not 0 <= seed <= _MAX_SEED:
+        raise ConfigError(f"Config key 'seed' must be an int from 0 to 2**63 - 1 ({_MAX_SEED}); got {seed}. "
+                          "Pass e.g. --config.seed=0.")
     steps = get_key(config, "steps", int)
     mesh = mesh_of(config.get("mesh"))
     data = load_data(config)
@@ -48,14 +52,65 @@ def parts_of(config: Mapping[str, Any]) -> Parts:
     context = tasks.TaskContext(config, _model(config), _optimizer(config), seed,
                                 {key: np.asarray(value[:2]) for key, value in data.train.items()}, mesh)
     task = tasks.task_of(task_name)(context)
-    init_fn, layout = task.init_fn, None
+    task_init = init_fn = _naming_the_model(task.init_fn, config)
+    layout = None
     if mesh is not None:
-        layout = layout_of(config, mesh, context, task.init_fn, built_in=tasks.is_built_in(task_name))
-        layout.check(jax.eval_shape(task.init_fn), data.batch_size)
+        with _initialising(config):  # the layout reads the model's parameter shapes
+            layout = layout_of(config, mesh, context, task_init, built_in=tasks.is_built_in(task_name))
+            layout.check(jax.eval_shape(task_init), data.batch_size)
         if tasks.is_built_in(task_name) or config.get("sharding"):
-            init_fn = layout.sharded_init(task.init_fn)
+            init_fn = layout.sharded_init(task_init)
     return Parts(seed, steps, mesh, data, context, task, init_fn, layout,
                  batches(data.evaluation, data.eval_batch_size))
+
+
+#: The largest seed every user of it takes (JAX's PRNG key, NumPy's and grain's shuffles).
+_MAX_SEED = 2**63 - 1
+
+
+def _naming_the_model(init_fn: Callable[[], Any], config: Mapping[str, Any]) -> Callable[[], Any]:
+    """`init_fn`, whose TypeError or ValueError (a model built from values it cannot
+    take) becomes a `ConfigError` naming the `model` section's keys and values."""
+
+    def init() -> Any:
+        with _initialising(config):
+            return init_fn()
+
+    return init
+
+
+@contextlib.contextmanager
+def _initialising(config: Mapping[str, Any]) -> Iterator[None]:
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ConfigError(_init_failed(config, error)) from error
+
+
+def _init_failed(config: Mapping[str, Any], error: BaseException) -> str:
+    """One line for a failed initialisation: the error, and the `model` section's
+    values, those holding a negative number (a size, usually) first."""
+    text = " ".join(f"{type(error).__name__}: {error}".split()).rstrip(".")
+    model = config.get("model")
+    if not isinstance(model, Mapping):
+        return (f"Initialising the state of task {config.get('task', 'classification')!r} failed: {text}. Check "
+                "the config values its init_fn uses.")
+    values = {f"model.{key}": value for key, value in model.items() if key != "name"}
+    suspects = [key for key, value in values.items() if _negative(value)]
+    listed = ", ".join(f"{key}={value!r}" for key, value in values.items())
+    if suspects:
+        named = ", ".join(f"{key}={values[key]!r}" for key in suspects)
+        return (f"Initialising the model {model.get('name')!r} failed: {text}. The likely cause: {named} (a "
+                f"negative number; sizes are >= 1). Fix the model section ({listed}).")
+    return f"Initialising the model {model.get('name')!r} ({listed}) failed: {text}. Check those values."
+
+
+def _negative(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_negative(item) for item in value)
+    return isinstance(value, int) and not isinstance(value, bool) and value < 0
 
 
 @dataclasses.dataclass(frozen=True)

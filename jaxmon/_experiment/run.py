@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxmon._checkpoint import DirectoryInUseError
+from jaxmon._checkpoint import _LOCK_NAME, DirectoryInUseError
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
 from jaxmon._experiment.sections import hooks_of, session_args_of
+from jaxmon._paths import LinkedFileError, open_file
 from jaxmon._training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
 
@@ -73,34 +76,89 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
     Returns:
       The final evaluation on the eval split: `{"step": ..., "loss": ..., <metrics>}`.
     """
-    _check_workdir(workdir)
-    if compilation_cache is not False:
-        use_compilation_cache(os.path.join(workdir, "compilation_cache") if compilation_cache is True
-                              else compilation_cache)
-    try:
-        experiment = _build(config, workdir, report)
-    except (TypeError, ValueError) as error:
-        if isinstance(error, ConfigError):
-            raise
-        raise ConfigError(f"A value of the config was refused: {error}") from error
-    return _run(experiment, report)
+    created = _check_workdir(workdir)
+    try:  # a refusal (ConfigError) before training removes the directories this call created
+        try:
+            experiment = _build(config, workdir, report)
+        except (TypeError, ValueError, OverflowError) as error:
+            if isinstance(error, ConfigError):
+                raise
+            raise ConfigError(f"A value of the config was refused: {type(error).__name__}: {error}") from error
+        if compilation_cache is not False:
+            use_compilation_cache(os.path.join(workdir, "compilation_cache") if compilation_cache is True
+                                  else compilation_cache)
+        session = _open_session(experiment)
+    except ConfigError:
+        _remove_created(os.fspath(workdir), created)
+        raise
+    return _run(experiment, session, report)
 
 
-def _check_workdir(workdir: str | os.PathLike) -> None:
-    """Creates `workdir` if needed; a ConfigError if it is a file or cannot be written."""
+def _check_workdir(workdir: str | os.PathLike) -> list[str]:
+    """Creates `workdir` if needed; a ConfigError if it is a file or cannot be written.
+
+    Returns:
+      The directories created, `workdir` first, then those of its parents that were
+      created with it (innermost first); empty if `workdir` existed.
+    """
     workdir = os.fspath(workdir)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"The run directory {workdir!r} is a file, not a directory: give --workdir a directory "
                           "(created if it does not exist).")
+    created, missing = [], os.path.abspath(workdir)
+    while not os.path.exists(missing) and os.path.dirname(missing) != missing:
+        created.append(missing)
+        missing = os.path.dirname(missing)
     try:
         os.makedirs(workdir, exist_ok=True)
         probe = os.path.join(workdir, f".jaxmon-write-test-{os.getpid()}")
-        with open(probe, "w"):
+        with open_file(probe, "w", fresh=True):  # a link of that name is removed, not written through
             pass
         os.remove(probe)
     except OSError as error:
+        _remove_created(workdir, created)
         raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; give --workdir "
                           "a directory this user can write.") from error
+    return created
+
+
+def _remove_created(workdir: str, created: list[str]) -> None:
+    """Removes the run directory `workdir` of a refused run, and the parents created
+    with it, if this call created it (`created`, from `_check_workdir`): unless it
+    holds a checkpoint, or another run holds its writer's lock (it is that run's now).
+    A directory that existed before is never touched, nor one that other processes of
+    the run (`jax.distributed`) may be writing to."""
+    if not created or created[0] != os.path.abspath(workdir) or jax.distributed.is_initialized():
+        return
+    if any(name.isdigit() for name in _names(workdir)):  # a checkpoint's directory, complete or not
+        return
+    lock = os.path.join(workdir, _LOCK_NAME)
+    fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW) if os.path.isfile(lock) else None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: by this process's own session, or by another run
+                if not os.pread(fd, 4096, 0).decode(errors="replace").startswith(f"pid {os.getpid()} "):
+                    return
+        shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    for parent in created[1:]:
+        try:
+            os.rmdir(parent)
+        except FileNotFoundError:  # never made (makedirs failed above it)
+            continue
+        except OSError:  # something else is there now
+            return
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def use_compilation_cache(directory: str | os.PathLike) -> str:
@@ -162,14 +220,13 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                        chief_only_hooks, evals, session_args, parts.layout)
 
 
-def _run(experiment: _Experiment, report: Callable[[str], None]) -> dict[str, Any]:
-    """Trains `experiment` to its last step (resuming if it can), then evaluates the
-    final state on the eval split, unless the session stopped early.
+def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Callable[[str], None]) -> dict[str, Any]:
+    """Trains `experiment` in its `session` to its last step (resumed if it could),
+    then evaluates the final state on the eval split, unless the session stopped early.
 
     Returns:
       `train_experiment`'s result.
     """
-    session = _open_session(experiment)
     _report_resume(session, experiment, report)
     with session:
         while not session.should_stop():
@@ -190,9 +247,11 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
         return MonitoredTrainingSession(e.step_fn, e.init_fn, data=e.data, checkpoint_dir=e.workdir, hooks=e.hooks,
                                         chief_only_hooks=e.chief_only_hooks, config=e.config, **placed,
                                         **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
+    except ConfigError:  # the state's initialisation names the model's values
+        raise
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Creating the session from the config failed: {type(error).__name__}: {error}") from error
-    except DirectoryInUseError as error:
+    except (DirectoryInUseError, LinkedFileError) as error:  # the workdir cannot be used as it is
         raise ConfigError(str(error)) from error
 
 
@@ -232,8 +291,12 @@ def _final_evaluation(experiment: _Experiment, session: MonitoredTrainingSession
 
 def _final_means(experiment: _Experiment, session: MonitoredTrainingSession) -> dict[str, Any]:
     """The eval split's metrics at the session's last step: an `EvalHook`'s, if it
-    evaluated that step, else a fresh evaluation with the task's eval metrics."""
-    done = [hook.latest for hook in experiment.evals if hook.history and hook.history[-1][0] == session.step]
+    evaluated that step in this run, else a fresh evaluation with the task's eval
+    metrics (a run resumed at its last step evaluates the restored state: a hook's
+    history restored with it may be of another eval split)."""
+    trained = session.restored_step is None or session.step > session.restored_step
+    done = [hook.latest for hook in experiment.evals
+            if trained and hook.history and hook.history[-1][0] == session.step]
     if done:  # the EvalHook evaluated the final state at end: the same batches, the same function
         return dict(done[0])
     evaluation = EvalHook(experiment.eval_fn, experiment.eval_batches, metrics=experiment.eval_metrics)

@@ -11,22 +11,26 @@ from jaxmon._checkpoint import complete_steps, read_meta
 from jaxmon._experiment.config_file import ConfigError
 
 #: What a run's checkpoints depend on: resuming with any of these changed is an error.
-SAME_RUN = ("seed", "task", "model", "data", "optimizer.name")
+#: Every `optimizer` key changes the update (the learning rate and its schedule, the
+#: optimizer's own arguments, clipping, accumulation): a resume that changed one would
+#: train on as neither run.
+SAME_RUN = ("seed", "task", "model", "data", "optimizer")
 _NOT_SAME_RUN = ("data.eval_split", "data.eval_batch_size")
 
 
 def report_changes(config: Mapping[str, Any], workdir: str, report: Callable[[str], None]) -> None:
-    """Reports how `config` differs from the config of the latest checkpoint in
-    `workdir`, one line a change; nothing if `workdir` holds no checkpoint.
+    """Reports how `config` differs from the config of the latest complete checkpoint in
+    `workdir` (see `complete_steps`), one line a change; nothing if `workdir` holds none.
 
     Raises:
       ConfigError: a change is one the checkpoints depend on (see `check_same_run`).
     """
-    steps_saved = complete_steps(workdir) if os.path.isdir(workdir) else []
-    if steps_saved:
-        saved = (read_meta(os.path.join(workdir, str(steps_saved[-1]))) or {}).get("config")
-        for change in check_same_run(saved, config, workdir, steps_saved[-1]):
-            report(f"Changed since step {steps_saved[-1]}: {change}")
+    for step in reversed(complete_steps(workdir) if os.path.isdir(workdir) else []):
+        saved = (read_meta(os.path.join(workdir, str(step))) or {}).get("config")
+        if saved is not None:  # the newest complete checkpoint whose metadata reads
+            for change in check_same_run(saved, config, workdir, step):
+                report(f"Changed since step {step}: {change}")
+            return
 
 
 def check_same_run(saved: Any, config: Mapping[str, Any], workdir: str, step: int) -> list[str]:

@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from jaxmon._paths import open_file
+
 # A record: the data's length (uint64), its masked CRC-32C (uint32), the data, the data's masked CRC-32C.
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -43,7 +45,7 @@ class EventFile:
         from tensorboardX.proto import event_pb2
 
         self.path = os.path.join(logdir, f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}")
-        self._file: BinaryIO = open(self.path, "ab")  # noqa: SIM115 (closed in close())
+        self._file: BinaryIO = open_file(self.path, "ab")  # closed in close(); a link there is refused
         self.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         _OPEN.add(self)
 
@@ -59,7 +61,7 @@ class EventFile:
     def reopen(self) -> None:
         """Appends to the file at `path` again (after it was replaced by `cut_after`)."""
         self._file.close()
-        self._file = open(self.path, "ab")  # noqa: SIM115 (closed in close())
+        self._file = open_file(self.path, "ab")  # closed in close()
 
     def close(self) -> None:
         self._file.close()
@@ -132,7 +134,7 @@ def cut_after(path: str, step: int) -> bool:
         return False
     # Named so that no reader takes it for an event file, should a kill leave it behind.
     temporary = os.path.join(os.path.dirname(path), f".jaxmon-cut.{os.getpid()}.tmp")
-    with open(path, "rb") as source, open(temporary, "wb") as target:
+    with open(path, "rb") as source, open_file(temporary, "wb", fresh=True) as target:
         for start, end in kept:
             source.seek(start)
             target.write(source.read(end - start))

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from jaxmon._paths import open_fd, open_file
 from jaxmon._writers.hparams import flat_hparams
 
 
@@ -43,6 +47,7 @@ class JsonlWriter:
     def __init__(self, path: str | os.PathLike, *, clock: Callable[[], float] = time.time):
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        _remove_stale_copies(self.path)
         self._file = _open(self.path)
         self._clock = clock
         self._step: int | None = None
@@ -95,8 +100,11 @@ class JsonlWriter:
         if self._file.tell() == 0:  # a new file (a step's record still pending comes after)
             self._file.write(json.dumps({"hparams": flat}).encode() + b"\n")
         path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "hparams.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(flat, f, indent=1)
+        try:
+            with open_file(path, "w", encoding="utf-8") as f:  # a link there is refused
+                json.dump(flat, f, indent=1)
+        except OSError as error:
+            raise _write_error(error, path) from error
 
     def restart(self, step: int) -> None:
         """A run resumed at `step`: drops the lines an earlier run wrote after it (and a
@@ -109,20 +117,32 @@ class JsonlWriter:
         if len(kept) < len(lines):
             self._file.close()
             temporary = f"{self.path}.{os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as f:
-                f.writelines(kept)
-            os.replace(temporary, self.path)
-            self._file = _open(self.path)
+            try:
+                with open_file(temporary, "w", fresh=True, encoding="utf-8") as f:
+                    f.writelines(kept)
+                os.replace(temporary, self.path)
+            except OSError as error:  # a full disk, say: the file as it was stands, the copy goes
+                with contextlib.suppress(OSError):
+                    os.remove(temporary)
+                raise _write_error(error, temporary) from error
+            finally:
+                self._file = _open(self.path)
 
     def flush(self) -> None:
         """Hands every line, the current step's too, to the operating system (no fsync)."""
-        self._emit()
-        self._file.flush()
+        try:
+            self._emit()
+            self._file.flush()
+        except OSError as error:
+            raise _write_error(error, self.path) from error
 
     def close(self) -> None:
         if not self._file.closed:
-            self.flush()
-            self._file.close()
+            try:
+                self.flush()
+            finally:
+                with contextlib.suppress(OSError):  # what flush() could not write it has raised
+                    self._file.close()
 
     def __repr__(self) -> str:
         return f"JsonlWriter({self.path!r})"
@@ -131,13 +151,50 @@ class JsonlWriter:
 def _open(path: str) -> BinaryIO:
     """`path` for writing at its end, in place (not O_APPEND: the last line is rewritten
     in place); after a last line a kill cut short, on a new line."""
-    file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666), "wb")
+    file = os.fdopen(open_fd(path, os.O_WRONLY | os.O_CREAT), "wb")  # a link at `path` is refused
     if file.seek(0, os.SEEK_END) > 0:
         with open(path, "rb") as f:
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
                 file.write(b"\n")
     return file
+
+
+def _write_error(error: OSError, path: str) -> OSError:
+    """`error` (an OSError without a file name, as a full disk gives) naming `path` and the fix."""
+    if error.errno is None:
+        return error
+    fix = "free space there" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "check that disk"
+    return OSError(error.errno, f"{error.strerror}, writing {path}: {fix} (or write the run elsewhere) and run again")
+
+
+def _remove_stale_copies(path: str) -> None:
+    """Removes the copies `restart` left beside `path` (`PATH.PID.tmp`) when its process
+    died before renaming them into place (a kill, a full disk); those of another live
+    process stay. This process's own are stale too (a dead run may have had its pid):
+    its `restart` removes or renames its copy before it returns."""
+    directory, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(re.escape(name) + r"\.(\d+)\.tmp")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for other in names:
+        match = pattern.fullmatch(other)
+        if match and (int(match[1]) == os.getpid() or not _alive(int(match[1]))):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, other))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's, or a number no process has: left alone
+    return True
 
 
 def _line_step(line: str) -> float:

@@ -58,7 +58,9 @@ class CheckpointSaverHook(TimedHook):
     has `get_state()`), the hooks' own state and metadata, which is everything an exact
     resume needs (see `MonitoredSession`). Saving is asynchronous: the loop waits only
     while the state is copied off the device; the files are written in the background
-    and committed atomically. Before each save the session's late hooks are delivered
+    and committed atomically. A save that fails there (a full disk) raises its
+    `SaveError` from the session's next run once the failure is known, so that no
+    more steps are trained that could not be saved. Before each save the session's late hooks are delivered
     (`sess.sync()`), so a NaN check has passed on every state that is saved. A save
     happens once every hook's `after_run` of its step is done (`session.after_hooks`),
     so a checkpoint of step N holds every hook's state after step N, wherever the saver

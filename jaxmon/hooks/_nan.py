@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,21 +89,28 @@ class NanHook(TimedHook):
         if first["step"] is None or self._done:
             return
         where = f"{self.fetch!r} = {first['value']} at step {first['step']}"
+        kind = _kind(first["value"])
         self._done = True
         if self._session is not None:  # never saved, even by a close() after the error was caught
             self._session.reject_state(f"NanHook saw {where}")
         if self.fail_on_nan_loss:
-            logger.error("Model diverged with loss = NaN: %s (seen at step %d).", where, step)
+            logger.error("Model diverged: %s (seen at step %d).", where, step)
             raise NanLossDuringTrainingError(
-                f"NaN loss during training: {where}. Lower the learning rate, clip gradients, or check "
+                f"{kind} loss during training: {where}. Lower the learning rate, clip gradients, or check "
                 "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead.",
                 step=first["step"], value=first["value"])
-        logger.warning("NaN loss during training: %s; stopping at step %d.", where, step)
+        logger.warning("%s loss during training: %s; stopping at step %d.", kind, where, step)
         if self._session is not None:
             self._session.request_stop()
 
     def __repr__(self) -> str:
         return f"NanHook({self.fetch!r}, fail_on_nan_loss={self.fail_on_nan_loss})"
+
+
+def _kind(value: Any) -> str:
+    """The word for a loss `value`: "NaN" for NaN, "Non-finite" for an infinity or for an
+    array's count of non-finite entries (NaN and infinities alike)."""
+    return "NaN" if isinstance(value, float) and math.isnan(value) else "Non-finite"
 
 
 NanTensorHook = NanHook
