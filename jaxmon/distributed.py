@@ -45,9 +45,12 @@ import jax
 
 from jaxmon import _agree
 
-__all__ = ["initialize", "is_chief", "shutdown"]
+__all__ = ["PEER_LOST_EXIT_CODE", "initialize", "is_chief", "shutdown"]
 
 logger = logging.getLogger("jaxmon")
+
+#: What a process exits with when another process of the run died or stopped answering.
+PEER_LOST_EXIT_CODE = _agree.PEER_LOST_EXIT_CODE
 
 #: Seconds JAX's coordination client, once it reports a failure, leaves a main thread that
 #: has raised `PeerError` already to end the process its own way.
