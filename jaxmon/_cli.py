@@ -213,6 +213,8 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import jax
+
     from jaxmon._experiment import train_experiment
     from jaxmon._experiment.config_file import load_config
     from jaxmon._launch import connect
@@ -238,6 +240,8 @@ def _train(args: argparse.Namespace) -> int:
         sys.stderr = _MainThreadOnly(sys.stderr, os.path.join(args.workdir, "jaxmon-error.log"))
     connect()  # one of several processes (hosts): connect to the others first
     cache = False if args.no_compilation_cache else args.compilation_cache or True
+    if args.no_compilation_cache:  # JAX_COMPILATION_CACHE_DIR too: this process compiles everything
+        jax.config.update("jax_enable_compilation_cache", False)
     result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
                               compilation_cache=cache)
     if result.get("stopped") == "SIGTERM":  # saved and stopped: the same last line as Ctrl-C's

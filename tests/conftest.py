@@ -7,9 +7,19 @@ the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
+
+# One persistent compilation cache for the whole suite, this process and its children
+# (which inherit the variables): the suite compiles the same small programs in many
+# tests and child processes. Removed at the end; a cache given from outside is kept.
+_OWN_CACHE = None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else tempfile.mkdtemp(prefix="jaxmon-tests-cache-")
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -21,6 +31,11 @@ jax.config.update("jax_default_matmul_precision", "float32")
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_cpu: skipped where this process has no CPU device "
                             "(JAX_PLATFORMS=cuda, say), e.g. for jax.debug.callback's host side")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_runtest_setup(item):
