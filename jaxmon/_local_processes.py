@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from jaxmon._agree import PEER_LOST_EXIT_CODE
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._launch import detect
 from jaxmon._paths import open_file
@@ -195,9 +196,8 @@ class _Children:
         failed = stopped_by = kill_at = None
         while True:
             codes = [process.poll() for process in self._processes]
-            if all(code is not None for code in codes):
-                return failed, stopped_by
-            if self._signals:
+            ended = all(code is not None for code in codes)
+            if self._signals and not ended:
                 signum = self._signals.pop(0)
                 if stopped_by is None:
                     stopped_by = signum
@@ -207,11 +207,13 @@ class _Children:
                 else:
                     self._send(signal.SIGKILL)
             if failed is None and stopped_by is None:
-                failures = [(code >= 0, i) for i, code in enumerate(codes) if code not in (None, 0)]
-                if failures:  # one killed by a signal first: the others' errors may follow from it
+                failures = [(_blame(code), i) for i, code in enumerate(codes) if code not in (None, 0)]
+                if failures:  # the likeliest cause when several ended in one poll
                     failed = min(failures)[1]
                     self._send(signal.SIGTERM)
                     kill_at = time.monotonic() + self._grace
+            if ended:  # only now: every child may have ended, one failing, within one poll
+                return failed, stopped_by
             if kill_at is not None and time.monotonic() >= kill_at:
                 self._send(signal.SIGKILL)
                 kill_at = None
@@ -250,6 +252,15 @@ class _Children:
     def _say(self, message: str) -> None:
         with self._print_lock:
             print(f"jaxmon train: {message}", file=sys.stderr, flush=True)
+
+
+def _blame(code: int) -> int:
+    """How likely a child's exit `code` is the cause of a failed launch, the likeliest 0:
+    killed by SIGKILL (from outside: the others' errors follow from it), by another signal,
+    an error of its own, and last the code of a process that only lost its peer."""
+    if code < 0:
+        return 0 if code == -signal.SIGKILL else 1
+    return 3 if code == PEER_LOST_EXIT_CODE else 2
 
 
 def _signal_name(signum: int) -> str:

@@ -452,3 +452,25 @@ def test_processes_1_is_a_plain_run(tmp_path):
     assert RESULT.fullmatch(result.stdout.strip())  # no launcher's line, no [process i/n] prefix: one process
     assert "[process" not in result.stderr and "One of" not in result.stderr
     assert not list(workdir.glob("process-*.log")) and jm.latest_checkpoint_step(workdir) == 10
+
+
+class _Ended:
+    """A child that has ended with `returncode` before the launcher first looks."""
+
+    def __init__(self, returncode):
+        self.returncode = returncode
+
+    def poll(self):
+        return self.returncode
+
+
+@pytest.mark.parametrize("codes, blamed", [([0, -signal.SIGKILL], 1), ([-signal.SIGABRT, -signal.SIGKILL], 1),
+                                           ([75, 3], 1), ([75, 0], 0), ([0, 0], None)])
+def test_children_that_end_within_one_poll_still_fail_the_launch_naming_the_likeliest_cause(tmp_path, codes,
+                                                                                             blamed):
+    # A SIGKILLed process 1 and a process 0 that its death ended a millisecond later: both
+    # seen ended at the launcher's first look still make a failed launch (it gave 0).
+    children = _local_processes._Children(["true"], "127.0.0.1:1", [str(tmp_path / f"{i}.log") for i in range(2)],
+                                          1.0)
+    children._processes = [_Ended(code) for code in codes]
+    assert children._watch() == (blamed, None)
