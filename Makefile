@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# Two workers, a test file each at a time (a file's tests share its compiled fixtures):
+# most tests wait on child processes, so two keep two cores busy. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The suite on a GPU machine whose python3 has jax (CUDA), flax, optax, orbax, pytest,
 # tensorboard and pyyaml but no network (no .venv there), on JAX's default platforms: the
