@@ -37,6 +37,7 @@ def run(tmp_path_factory):
     return workdir, result
 
 
+@pytest.mark.slow
 def test_the_default_experiment_reaches_95_percent_test_accuracy(run):
     workdir, result = run
     match = RESULT.fullmatch(result.stdout.strip().splitlines()[-1])
@@ -108,6 +109,7 @@ def test_overrides_continue_the_run_with_new_settings(run, tmp_path):
     assert config["steps"] == 1600 and config["session"]["save_checkpoint_steps"] == 50
 
 
+@pytest.mark.slow
 def test_a_restart_finds_the_step_compiled_in_the_workdirs_compilation_cache(tmp_path):
     workdir = tmp_path / "run"
 

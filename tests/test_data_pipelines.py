@@ -144,6 +144,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_jaxmon_train_switches_to_grain_from_a_config_key_and_resumes_it(tmp_path):
     pytest.importorskip("grain")
     common = ("--workdir", str(tmp_path), "--config.data.loader=grain", "--config.data.worker_count=2",
@@ -156,6 +157,7 @@ def test_jaxmon_train_switches_to_grain_from_a_config_key_and_resumes_it(tmp_pat
     assert _checkpoint.complete_steps(tmp_path)[-1] == 80
 
 
+@pytest.mark.slow
 def test_the_grain_example_trains_and_resumes(tmp_path):
     pytest.importorskip("grain")
     example = [sys.executable, str(ROOT / "examples" / "grain_pipeline.py"), "--workdir", str(tmp_path)]

@@ -125,6 +125,7 @@ def test_a_nan_loss_exits_1_naming_the_step_with_the_traceback_in_the_workdir(tm
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr  # --debug prints it
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_save_in_one_line_and_keeps_every_complete_checkpoint(tmp_path):
     reference = tmp_path / "reference"
     assert train(reference, "--config.steps=300", *SAVES_ONLY).returncode == 0

@@ -39,6 +39,7 @@ def fill(directory):
 # -- a save that fails in the background -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps(tmp_path):
     reference = tmp_path / "reference"
     assert train(reference, "--config.steps=1", *SAVES_ONLY).returncode == 0  # its step 0: the same init

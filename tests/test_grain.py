@@ -68,6 +68,7 @@ def uninterrupted(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["dataset", "dataloader"])
 def test_a_grain_run_killed_after_a_checkpoint_resumes_bit_identical(loader, uninterrupted, tmp_path):
     directory, out = tmp_path / "run", tmp_path / "out.npz"

@@ -54,6 +54,7 @@ def test_the_example_trains_the_default_experiment(example):
                                                                 config["model"]["features"])
 
 
+@pytest.mark.slow
 def test_bfloat16_accuracy_is_within_a_point_of_float32(runs):
     accuracies = {}
     for dtype, (result, line) in runs.items():

@@ -89,6 +89,7 @@ def test_nnx_model_trains_with_built_in_hooks(tmp_path):
     assert "loss = " in result.stderr  # LoggingHook's lines
 
 
+@pytest.mark.slow
 def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
     result = run_example("char_lm.py", "--steps", "120", "--workdir", str(tmp_path))
     match = re.fullmatch(r"validation loss ([\d.]+) -> ([\d.]+) nats/char \(unigram entropy ([\d.]+), "
@@ -129,6 +130,7 @@ def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
     assert sample[1] == summary["sample"] and sample[1].startswith("    def ") and len(sample[1]) == 108
 
 
+@pytest.mark.slow
 def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--launch", "2",
                              "--steps", "120", "--workdir", str(tmp_path)],

@@ -366,6 +366,7 @@ def both(workers: Workers, scenario: str) -> list[dict]:
     return results
 
 
+@pytest.mark.slow
 def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     p0, p1 = both(main_run, "train")
     assert p0["ok"] and p1["ok"], (p0, p1)

@@ -427,6 +427,7 @@ def wide(key, shape):
 # -- 1: data parallelism on 8 devices ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_data_parallel_on_8_devices_matches_one_device(single, child):
     dp = scenario(child, "dp")
     assert dp["step"] == TOTAL
