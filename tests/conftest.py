@@ -6,7 +6,6 @@ Float32 matmuls at float32 precision, here and in the child processes (which inh
 the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow 1e-5.
 """
 
-import collections
 import os
 import shutil
 import tempfile
@@ -32,14 +31,6 @@ jax.config.update("jax_default_matmul_precision", "float32")
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_cpu: skipped where this process has no CPU device "
                             "(JAX_PLATFORMS=cuda, say), e.g. for jax.debug.callback's host side")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The files with the most `slow` tests first (each file's own order kept): `make
-    test`'s workers take a file each at a time, and a long file taken last would keep
-    one worker busy while the other has nothing left."""
-    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])
 
 
 def pytest_unconfigure(config):
