@@ -182,10 +182,15 @@ def test_a_failed_restore_leaves_no_task_of_orbax_behind(tmp_path, patch):
         checkpoints.save(step, state, {"step": step})
         checkpoints.close()
     break_data(tmp_path / "2")
-    result = subprocess.run([sys.executable, "-c", RESTORE.format(patch=patch), str(tmp_path)], capture_output=True,
-                            text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0 and result.stdout.split() == ["restored", "1"], result.stderr[-3000:]
-    noisy = [noise for noise in NOISE if noise in result.stderr]
+    # Without the fix the noise depends on how far the other reads got when the loop closed:
+    # the patched run shows it in one of up to 3 tries (a try on a busy machine may miss it).
+    for _ in range(3 if patch else 1):
+        result = subprocess.run([sys.executable, "-c", RESTORE.format(patch=patch), str(tmp_path)],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert result.returncode == 0 and result.stdout.split() == ["restored", "1"], result.stderr[-3000:]
+        noisy = [noise for noise in NOISE if noise in result.stderr]
+        if noisy:
+            break
     if patch:  # the test shows the noise it guards against
         assert noisy, result.stderr[-3000:]
     else:
