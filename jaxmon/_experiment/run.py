@@ -19,7 +19,7 @@ from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
 from jaxmon._experiment.sections import hooks_of, session_args_of
-from jaxmon._paths import LinkedFileError, open_file
+from jaxmon._paths import LinkedFileError, open_fd, open_file
 from jaxmon._training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
 
@@ -133,7 +133,7 @@ def _remove_created(workdir: str, created: list[str]) -> None:
     if any(name.isdigit() for name in _names(workdir)):  # a checkpoint's directory, complete or not
         return
     lock = os.path.join(workdir, _LOCK_NAME)
-    fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW) if os.path.isfile(lock) else None
+    fd = open_fd(lock, os.O_RDONLY) if os.path.isfile(lock) else None
     try:
         if fd is not None:
             try:
