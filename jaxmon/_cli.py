@@ -155,6 +155,9 @@ def _add_train(commands: Any) -> argparse.ArgumentParser:
     return train
 
 
+_ends_process = [False]  # set by `run()`: a failure's line is the process's last output
+
+
 def _fail(args: argparse.Namespace, code: int, message: str, error: BaseException) -> int:
     """Ends a failed command: its traceback into the run's jaxmon-error.log (printed
     too with --debug), then one line on stderr; returns the exit code."""
@@ -176,7 +179,10 @@ def _fail(args: argparse.Namespace, code: int, message: str, error: BaseExceptio
             print(f"jaxmon {args.command}: the traceback is not kept: {error}", file=sys.stderr)
         except OSError:  # a full disk, say: the line below still says what failed
             pass
-    print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
+    if _ends_process[0]:  # the process ends after this line: nothing another thread writes comes after it
+        _cli_signals.write_last_line(f"jaxmon {args.command}: {message}\n")
+    else:
+        print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
     return code
 
 
@@ -190,6 +196,7 @@ def run() -> None:
     """The `jaxmon` program: `main()`, then exit with its code. After a failure the
     process ends at once: what Orbax's threads would still print while Python shuts
     down would come after the line that says what failed."""
+    _ends_process[0] = True
     code = main()
     if code:
         sys.stdout.flush()

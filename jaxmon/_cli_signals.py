@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +97,30 @@ def _install(handler: Any) -> dict[int, Any]:
         if current is not signal.SIG_IGN:
             previous[signum] = signal.signal(signum, handler)
     return previous
+
+
+def write_last_line(text: str) -> None:
+    """Writes `text` to stderr as the process's last output: stderr (fd 2) is pointed at
+    the null device first, so that what another thread writes from here on (a native
+    log line from JAX's coordination client, say, in the few milliseconds before the
+    process ends) cannot come after it; a write begun before is given 50 ms to land.
+    For a process about to end: Python's `sys.stderr` writes nowhere after this."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream: nothing to flush
+            pass
+    try:
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        time.sleep(0.05)  # for a write that another thread had begun on the old stderr to land first
+    except OSError:  # no stderr to save: it goes where it can
+        saved = 2
+    try:
+        os.write(saved, text.encode(errors="replace"))
+    except OSError:  # stderr closed: the exit code still says it
+        pass
 
 
 def _exit_at_once(signum: int, frame: Any) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 
 import jax
 
-from jaxmon import _agree
+from jaxmon import _agree, _cli_signals
 
 __all__ = ["PEER_LOST_EXIT_CODE", "initialize", "is_chief", "shutdown"]
 
@@ -201,8 +201,9 @@ def _coordination_failed(*status: Any) -> None:
         time.sleep(GRACE_SECS)
     detail = f" ({' '.join(str(status[0]).split())[:300]})" if status else ""
     line = _agree.failure_line
-    os.write(2, (f"{line['prefix']}PeerError: JAX's coordination service reports a failure: another process of "
-                 f"this run died or stopped answering, or the coordinator (process 0) did{detail}. This process "
-                 f"({line['where'] or 'one of several'}) stops too, with exit code {_agree.PEER_LOST_EXIT_CODE}; "
-                 "the complete checkpoints stand: start every process again to resume.\n").encode(errors="replace"))
+    _cli_signals.write_last_line(
+        f"{line['prefix']}PeerError: JAX's coordination service reports a failure: another process of this run "
+        f"died or stopped answering, or the coordinator (process 0) did{detail}. This process "
+        f"({line['where'] or 'one of several'}) stops too, with exit code {_agree.PEER_LOST_EXIT_CODE}; "
+        "the complete checkpoints stand: start every process again to resume.\n")
     os._exit(_agree.PEER_LOST_EXIT_CODE)

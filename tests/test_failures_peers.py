@@ -53,6 +53,31 @@ def test_train_help_documents_exit_75():
     assert "75 another process of the run died or stopped answering" in text, text
 
 
+NOISY_THREAD = """
+import os, sys, threading
+from jaxmon import _cli_signals
+
+def noise():  # a native log line from another thread, as JAX's coordination client writes one
+    while True:
+        os.write(2, b"E0000 noise from another thread\\n")
+
+for _ in range(2):
+    threading.Thread(target=noise, daemon=True).start()
+_cli_signals.write_last_line("jaxmon train: PeerError: the last line\\n")
+print("nothing after it", file=sys.stderr, flush=True)
+os._exit(75)
+"""
+
+
+def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
+    for _ in range(5):  # the threads write between the line and the exit on most tries, unless silenced
+        done = subprocess.run([sys.executable, "-c", NOISY_THREAD], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 75, done.stderr[-2000:]
+        lines = done.stderr.splitlines()
+        assert lines[-1] == "jaxmon train: PeerError: the last line", lines[-3:]
+        assert "nothing after it" not in done.stderr
+
 # -- two processes ----------------------------------------------------------------------------------
 
 
@@ -130,7 +155,7 @@ def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exact
     assert survivor.returncode == _agree.PEER_LOST_EXIT_CODE, err[-3000:]
     lines = (out + err).strip().splitlines()
     last = err.strip().splitlines()[-1]
-    assert last.startswith("jaxmon train: PeerError: "), last
+    assert last.startswith("jaxmon train: PeerError: "), err[-3000:]
     assert "stopped answering" in last and "stops too" in last, last
     assert len(lines) < 15, "\n".join(lines)
     for word in NATIVE:
