@@ -31,7 +31,7 @@ import jaxmon as jm
 from jaxmon import _agree
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 160
+STEPS = 80
 NATIVE = ("Check failure", "*** ", "terminate called", "Traceback", "Fatal Python error")
 FATAL_LOG = re.compile(r"^F\d{4} ", re.MULTILINE)  # absl's fatal lines: F1126 01:07:17.173388 ...
 
@@ -54,15 +54,20 @@ def test_train_help_documents_exit_75():
 
 
 NOISY_THREAD = """
-import os, sys, threading
-from jaxmon import _cli_signals
+import importlib.util, os, sys, threading, time
 
-def noise():  # a native log line from another thread, as JAX's coordination client writes one
+spec = importlib.util.spec_from_file_location("_cli_signals", "jaxmon/_cli_signals.py")  # no JAX to start
+_cli_signals = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_cli_signals)
+
+def noise():  # native log lines from other threads, as JAX's coordination client writes one
     while True:
         os.write(2, b"E0000 noise from another thread\\n")
+        time.sleep(0.0005)  # not so many that the pipe fills: a writer blocked on a full pipe lands later
 
 for _ in range(2):
     threading.Thread(target=noise, daemon=True).start()
+time.sleep(0.05)
 _cli_signals.write_last_line("jaxmon train: PeerError: the last line\\n")
 print("nothing after it", file=sys.stderr, flush=True)
 os._exit(75)
