@@ -13,6 +13,15 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
 
+# On the CPU, XLA compiles without LLVM's optimisations (`helpers.SUITE_XLA_FLAGS`): the
+# suite's programs are small and run few steps, so compiling them costs more than running
+# them (a tiny transformer: 14 s of CPU instead of 20). The results are those of the
+# optimised code to rounding; each comparison runs both sides with the same flags.
+if os.environ["JAX_PLATFORMS"] == "cpu":
+    from helpers import SUITE_XLA_FLAGS
+
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), SUITE_XLA_FLAGS]))
+
 # One persistent compilation cache for the whole suite, this process and its children
 # (which inherit the variables): the suite compiles the same small programs in many
 # tests and child processes. Removed at the end; a cache given from outside is kept.

@@ -213,23 +213,28 @@ class RecordingWriter:
 # -- the platform: child processes on the CPU, workloads sized per backend ------------------------
 
 
+#: XLA flags of the suite on the CPU (conftest.py), here and in child processes: no LLVM
+#: optimisations, which cost more to run than they save on the suite's small programs.
+SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
 def cpu_env(devices: int | None = None) -> dict[str, str]:
     """The environment of a child JAX process on the CPU, whatever this process runs on.
 
     `JAX_PLATFORMS=cpu` whatever this process's JAX_PLATFORMS says: simulated devices
     (`XLA_FLAGS=--xla_force_host_platform_device_count`) exist on the CPU platform alone,
     and processes on 127.0.0.1 share no accelerator. `devices` simulated CPU devices, or
-    (None) this process's XLA_FLAGS dropped: one device. Output unbuffered, for tests that
-    read it line by line. The rest (JAX_DEFAULT_MATMUL_PRECISION, set by conftest.py) is
-    inherited.
+    (None) this process's device count dropped: one device. XLA_FLAGS holds those and
+    `SUITE_XLA_FLAGS`. Output unbuffered, for tests that read it line by line. The rest
+    (JAX_DEFAULT_MATMUL_PRECISION, set by conftest.py) is inherited.
     """
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise ValueError(f"cpu_env(devices={devices!r}): give a number of simulated CPU devices >= 1, "
                          "or None for one device")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = SUITE_XLA_FLAGS
     if devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
     return env
 
 

@@ -9,7 +9,7 @@ import sys
 
 import jax
 import pytest
-from helpers import cpu_env
+from helpers import SUITE_XLA_FLAGS, cpu_env
 
 REPORT = ("import json, jax; print(json.dumps({'backend': jax.default_backend(), 'devices': jax.device_count(), "
           "'platforms': sorted({d.platform for d in jax.devices()}), "
@@ -34,7 +34,7 @@ def test_a_child_of_a_multi_process_test_has_one_cpu_device(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # this process's flags dropped
     env = cpu_env()
-    assert "XLA_FLAGS" not in env and env["PYTHONUNBUFFERED"] == "1"
+    assert env["XLA_FLAGS"] == SUITE_XLA_FLAGS and env["PYTHONUNBUFFERED"] == "1"
     assert child_report(env) == {"backend": "cpu", "devices": 1, "platforms": ["cpu"], "precision": "float32"}
 
 
