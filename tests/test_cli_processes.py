@@ -290,7 +290,7 @@ def get_config():
         "seed": 0,
         "steps": {steps},
         "data": {{"source": "jaxmon.datasets:digits", "batch_size": 16, "eval_batch_size": 40}},
-        "model": {{"name": "jaxmon.models:CNN", "channels": [4], "features": [16], "num_outputs": 10}},
+        "model": {{"name": "jaxmon.models:MLP", "features": [16], "num_outputs": 10}},
         "task": "classification",
         "optimizer": {{"name": "adam", "learning_rate": 2e-3}},
         "hooks": [{{"name": "EvalHook", "every_n_steps": 20}}, {{"name": "NanHook"}}{slow}],
@@ -397,7 +397,7 @@ def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_process_ends_the_launch_and_the_same_command_resumes(tmp_path):
-    workdir, config = tmp_path / "run", _config(tmp_path, steps=160, sleep=0.05)
+    workdir, config = tmp_path / "run", _config(tmp_path, steps=80, sleep=0.05)
     launcher = _launch_processes(config, workdir)
     try:
         _wait_for_checkpoint(workdir, launcher, 20)
@@ -415,14 +415,14 @@ def test_a_killed_process_ends_the_launch_and_the_same_command_resumes(tmp_path)
     assert re.search(rf"jaxmon train: process 1 of 2 was killed by SIGKILL \(its log is {re.escape(str(workdir))}"
                      r"/process-1.log\); the other processes were stopped.", err), err[-3000:]
     saved = jm.latest_checkpoint_step(workdir)
-    assert saved is not None and 20 <= saved < 160
+    assert saved is not None and 20 <= saved < 80
 
     rerun = _launch_processes(config, workdir)
     out, err = _finish(rerun)
     assert rerun.returncode == 0, err[-3000:]
-    assert f"Resumed from step {saved} in {workdir}; training on to step 160." in out
-    assert RESULT.fullmatch(out.strip().splitlines()[-1])[1] == "160"
-    assert jm.latest_checkpoint_step(workdir) == 160
+    assert f"Resumed from step {saved} in {workdir}; training on to step 80." in out
+    assert RESULT.fullmatch(out.strip().splitlines()[-1])[1] == "80"
+    assert jm.latest_checkpoint_step(workdir) == 80
 
 
 @pytest.mark.slow
