@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import struct
 from flax.training import train_state
+
+if TYPE_CHECKING:
+    from flax import nnx  # imported where used: it and what it imports take ~0.3 s at start-up
 
 
 class TrainState(train_state.TrainState):
@@ -72,6 +75,8 @@ class TrainState(train_state.TrainState):
           >>> state.nnx_model()(jnp.ones((2, 3))).shape
           (2, 1)
         """
+        from flax import nnx
+
         graphdef, params, extras = nnx.split(model, nnx.Param, ...)
         state = cls.create(apply_fn=None, params=params, tx=tx, rng=rng, extras=extras)
         return state.replace(graphdef=graphdef)
@@ -85,11 +90,15 @@ class TrainState(train_state.TrainState):
         if self.graphdef is None:
             raise ValueError("nnx_model() needs a state made by TrainState.from_nnx(model, tx=...).")
         params = self.params if params is None else params
+        from flax import nnx
+
         return nnx.merge(self.graphdef, params, self.extras, copy=True)
 
     @staticmethod
     def nnx_extras(model: nnx.Module) -> Any:
         """The non-trainable state of an NNX model, in the layout `from_nnx` keeps as `extras`."""
+        from flax import nnx
+
         return nnx.split(model, nnx.Param, ...)[2]
 
     def next_rng(self) -> tuple[TrainState, jax.Array]:
