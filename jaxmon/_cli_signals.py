@@ -104,7 +104,10 @@ def write_last_line(text: str) -> None:
     the null device first, so that what another thread writes from here on (a native
     log line from JAX's coordination client, say, in the few milliseconds before the
     process ends) cannot come after it; a write begun before is given 50 ms to land.
-    For a process about to end: Python's `sys.stderr` writes nowhere after this."""
+    For a process about to end: Python's `sys.stderr` writes nowhere after this, and
+    Ctrl-C or SIGTERM from here on is ignored (the line is on its way)."""
+    if _stage.name == "main":
+        _stage.name = "ending"
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
