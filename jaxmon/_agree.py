@@ -39,7 +39,6 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,6 +47,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxmon import _cli_signals
 from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
@@ -113,11 +113,7 @@ def _leave() -> None:
 
     if distributed.global_state.client is None:  # shut down already, or never connected
         return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed stream: nothing to flush
-            pass
+    _cli_signals.flush_std_streams()
     logging.shutdown()
     os._exit(PEER_LOST_EXIT_CODE)
 

@@ -99,6 +99,15 @@ def _install(handler: Any) -> dict[int, Any]:
     return previous
 
 
+def flush_std_streams() -> None:
+    """Flushes Python's stdout and stderr before the process ends with `os._exit`."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream: nothing to flush
+            pass
+
+
 def write_last_line(text: str) -> None:
     """Writes `text` to stderr as the process's last output: stderr (fd 2) is pointed at
     the null device first, so that what another thread writes from here on (a native
@@ -108,15 +117,12 @@ def write_last_line(text: str) -> None:
     Ctrl-C or SIGTERM from here on is ignored (the line is on its way)."""
     if _stage.name == "main":
         _stage.name = "ending"
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed stream: nothing to flush
-            pass
+    flush_std_streams()
     try:
         saved = os.dup(2)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 2)
+        os.close(null)
         time.sleep(0.05)  # for a write that another thread had begun on the old stderr to land first
     except OSError:  # no stderr to save: it goes where it can
         saved = 2

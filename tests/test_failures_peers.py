@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import cpu_env
+from helpers import cpu_env, free_port
 from test_cli_processes import _config
 
 import jaxmon as jm
@@ -86,15 +85,9 @@ def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
 # -- two processes ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(config: Path, workdir: Path) -> list[subprocess.Popen]:
     """Both processes of one run (one CPU device each), connected on a free port of 127.0.0.1."""
-    env = {**cpu_env(), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{_free_port()}", "JAX_NUM_PROCESSES": "2"}
+    env = {**cpu_env(), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2"}
     return [subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
                               str(workdir), "--quiet"], cwd=ROOT, env={**env, "JAX_PROCESS_ID": str(i)},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
