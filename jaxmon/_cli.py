@@ -199,8 +199,7 @@ def run() -> None:
     _ends_process[0] = True
     code = main()
     if code:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _cli_signals.flush_std_streams()
         os._exit(code)
     sys.exit(code)
 
