@@ -96,7 +96,7 @@ class Dispatch:
             else:
                 carry = accumulators.carry
                 if carry is None:  # the first run since the state was created
-                    carry = accumulators.prepare(self._compiled.step_fn, state, fed, size, step,
+                    carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, size, step,
                                                  _carry_sharding(state, self._placement))
                 new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
                                                                     carry, batch, step, listed, length)

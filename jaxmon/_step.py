@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import inspect
 import logging
 import numbers
@@ -25,6 +26,22 @@ compile_log = logging.getLogger("jaxmon.compile")
 
 #: More compiled variants than this suggests a fetch set that changes every run.
 VARIANT_WARNING = 8
+
+
+def trace_once(fn: Callable[..., Any], check: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """`fn` as JAX traces it once per set of argument shapes, however many programs
+    call it: the session's compiled variants (one per fetch set, one per run length)
+    and the shapes read ahead of them (`jax.eval_shape`) share one trace of the
+    user's function, which for a real model costs more than the rest of the
+    program's. Each caller gets the same operations, inlined where it calls it.
+    `check(result, *args)`, on trace, sees what `fn` returned before JAX does (and
+    returns what the callers get), so that it can name a result JAX would refuse."""
+    @functools.wraps(fn)
+    def traced(*args):  # a function of ours: whatever `fn` is, JAX can key its cache on this
+        result = fn(*args)
+        return result if check is None else check(result, *args)
+
+    return jax.jit(traced, inline=True)
 
 
 def check_batch(batch: Any, step: int) -> None:
@@ -99,6 +116,7 @@ class CompiledStep:
                  accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1):
         check_step_fn(step_fn)
         self.step_fn = step_fn
+        self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
@@ -171,7 +189,7 @@ class CompiledStep:
         if self._convolves is None:  # the first call: what "auto" does depends on the devices and the step
             self.run_size(state, length)
             self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
-                               and convolves(self.step_fn, abstract(state), one_step(batch, length)))
+                               and convolves(self.traced_step_fn, abstract(state), one_step(batch, length)))
         variant = self._variant(key, owners, length)
         ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
         started = time.perf_counter()
@@ -247,11 +265,11 @@ class CompiledStep:
     def _build(self, key: tuple[FetchSpec, ...], owners: dict[FetchSpec, object], length: int) -> Callable[..., Any]:
         accumulate, constraint = self._accumulate, self._state_constraint
         scan = resolve_scan_unroll(self._unroll, self._platform or jax.default_backend(), bool(self._convolves))
-        step_fn = canonical_convolutions(self.step_fn) if scan.canonical and length > 1 else self.step_fn
+        step_fn = canonical_convolutions(self.traced_step_fn) if scan.canonical and length > 1 else self.traced_step_fn
         dynamic = self._dynamic and length == self._most
 
         def one_step(state, carry, batch):
-            new_state, outputs = _check_result(step_fn(state, batch), state)
+            new_state, outputs = step_fn(state, batch)  # checked by `trace_once`
             if carry is not None:
                 carry, new_state = accumulate(carry, state, new_state, batch, outputs)
             if constraint is not None:

@@ -37,7 +37,8 @@ def test_alternating_fetch_sets_compile_once_per_set():
     sess = jm.MonitoredSession(step_fn, lambda: jnp.zeros(()), hooks=[Alternating()])
     for _ in range(20):
         sess.run({"x": np.float32(1.0)})
-    assert len(traces) == 2 and sess.compile_count == 2 and sess.step == 20
+    # two programs, one trace of the user's step: both variants inline the same trace
+    assert len(traces) == 1 and sess.compile_count == 2 and sess.step == 20
 
 
 def test_equal_fetch_sets_share_a_variant_whoever_asks_and_in_any_order():

@@ -16,6 +16,7 @@ import numpy as np
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunContext, RunValues
 from jaxmon._reductions import Reduction
+from jaxmon._step import trace_once
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
@@ -90,6 +91,7 @@ class EvalHook(TimedHook):
         self.metrics = metrics
         self.on_error = check_on_error("EvalHook", on_error)
         self.trace_count = 0
+        self._eval_fn = trace_once(eval_fn)  # one trace for the accumulators' shapes and the program
         self._jitted = jax.jit(self._traced)
         self._inits: list[Any] | None = None
         self.latest: dict[str, float] | None = None
@@ -97,7 +99,7 @@ class EvalHook(TimedHook):
 
     def _traced(self, state: Any, batch: Any, accs: list[Any]) -> Any:
         self.trace_count += 1
-        outputs = self.eval_fn(state, batch)
+        outputs = self._eval_fn(state, batch)
         accs = [reduction.update(acc, reduction.value(state, batch, outputs), jnp.int32(0))
                 for reduction, acc in zip(self.metrics.values(), accs, strict=True)]
         return outputs, accs
@@ -167,7 +169,7 @@ class EvalHook(TimedHook):
         """The metrics' accumulators before the first batch (their shapes from one trace)."""
         if self._inits is None:
             def values(state, batch):
-                outputs = self.eval_fn(state, batch)
+                outputs = self._eval_fn(state, batch)
                 return [reduction.value(state, batch, outputs) for reduction in self.metrics.values()]
 
             shapes = jax.eval_shape(values, state, batch)
