@@ -1,15 +1,16 @@
 """examples/mixed_precision.py: bfloat16 compute keeps float32's accuracy and float32 checkpoints."""
 
-import contextlib
 import importlib.util
-import io
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import cpu_env
 
 import jaxmon as jm
 
@@ -18,7 +19,7 @@ LINE = re.compile(r"test accuracy ([\d.]+) \(compute (\w+), params float32, (\d+
 
 
 def load_example():
-    """The example as a module, imported in-process (no second JAX start-up per run)."""
+    """The example as a module, imported in-process, for its step and config."""
     spec = importlib.util.spec_from_file_location("mixed_precision", ROOT / "examples" / "mixed_precision.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -31,15 +32,18 @@ def example():
 
 
 @pytest.fixture(scope="module")
-def runs(example, tmp_path_factory):
-    """One full run (the default 1500 steps) per compute dtype: {dtype: (result, last printed line)}."""
+def runs(tmp_path_factory):
+    """One full run (the default 1500 steps) per compute dtype, as a user runs the
+    example (XLA's default optimisations: bfloat16 on the CPU is emulated, and costs
+    half as much again without them): {dtype: (workdir, last printed line)}."""
     results = {}
     for dtype in ("float32", "bfloat16"):
         workdir = tmp_path_factory.mktemp(dtype)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            result = example.main(["--dtype", dtype, "--workdir", str(workdir)])
-        results[dtype] = result, printed.getvalue().strip().splitlines()[-1]
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "mixed_precision.py"), "--dtype", dtype,
+                               "--workdir", str(workdir)], cwd=ROOT, env={**cpu_env(), "XLA_FLAGS": ""},
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[dtype] = workdir, done.stdout.strip().splitlines()[-1]
     return results
 
 
@@ -57,12 +61,11 @@ def test_the_example_trains_the_default_experiment(example):
 @pytest.mark.slow
 def test_bfloat16_accuracy_is_within_a_point_of_float32(runs):
     accuracies = {}
-    for dtype, (result, line) in runs.items():
+    for dtype, (workdir, line) in runs.items():
         match = LINE.fullmatch(line)
         assert match, line
-        assert match[2] == dtype and int(match[3]) == result["step"] == 1500
+        assert match[2] == dtype and int(match[3]) == jm.latest_checkpoint_step(workdir) == 1500
         accuracies[dtype] = float(match[1])
-        assert accuracies[dtype] == round(result["accuracy"], 4)
     assert accuracies["float32"] > 0.95  # ten classes: chance is 0.1
     assert abs(accuracies["bfloat16"] - accuracies["float32"]) <= 0.01, accuracies
 
@@ -75,14 +78,14 @@ def floating_leaves(tree) -> dict[str, np.dtype]:
 
 
 def test_the_bfloat16_checkpoint_holds_float32_params_and_optimizer_state(runs):
-    restored = jm.restore_checkpoint(runs["bfloat16"][0]["workdir"])
+    restored = jm.restore_checkpoint(runs["bfloat16"][0])
     assert restored.step == 1500
     for field in ("params", "opt_state"):
         dtypes = floating_leaves(restored.state[field])
         assert len(dtypes) >= 8, dtypes  # 4 layers' kernel and bias (and Adam's mu, nu of each)
         assert set(dtypes.values()) == {np.dtype(np.float32)}, dtypes
     # bfloat16 compute did change the training: same layout as the float32 run, other values.
-    reference = jm.restore_checkpoint(runs["float32"][0]["workdir"]).state["params"]
+    reference = jm.restore_checkpoint(runs["float32"][0]).state["params"]
     assert jax.tree.structure(reference) == jax.tree.structure(restored.state["params"])
     assert not all(np.array_equal(a, b) for a, b in
                    zip(jax.tree.leaves(reference), jax.tree.leaves(restored.state["params"]), strict=True))
