@@ -8,7 +8,16 @@ the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow
 
 import os
 import shutil
+import signal
 import tempfile
+
+# Ctrl-C delivered, whoever started the suite: a shell without job control starts a
+# background job (`make test &`, `nohup`) with SIGINT ignored, which every process
+# started from here would inherit, and `jaxmon` keeps a SIGINT ignored from the start
+# ignored (as `nohup` means it). The tests of Ctrl-C send it to this process and to
+# their child commands, and expect it handled.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
