@@ -115,7 +115,6 @@ class CompiledStep:
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
                  accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1):
         check_step_fn(step_fn)
-        self.step_fn = step_fn
         self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}

@@ -22,7 +22,7 @@ from jaxmon._checkpoint import complete_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT = str(ROOT / "configs" / "default.py")
-#: Only checkpoints write (no summaries, step counter or evaluations), every 100 steps.
+#: Only checkpoints write (no summaries, step counter or evaluations), every 10 steps.
 # (The compilation cache is the suite's, outside the workdir: see conftest.py.)
 SAVES_ONLY = ["--config.session.save_summaries_steps=None", "--config.session.log_step_count_steps=None",
               "--config.hooks.1.every_n_steps=None", "--config.session.save_checkpoint_steps=10",
