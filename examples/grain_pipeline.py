@@ -77,7 +77,10 @@ def pipeline(batch_size: int, workers: int, seed: int) -> grain.IterDataset:
                .repeat()
                .random_map(add_noise, seed=seed)
                .batch(batch_size, drop_remainder=True))  # one shape: the step compiles once
-    dataset = dataset.to_iter_dataset()
+    # The rows are in memory: no reading threads and no read-ahead buffer in a process,
+    # as grain advises (its defaults, 16 threads and 500 elements, here 500 batches, are
+    # for slow storage); the worker processes build the batches ahead.
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if workers:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return dataset

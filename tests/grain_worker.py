@@ -54,7 +54,8 @@ def loader(kind: str):
 
     if kind == "dataset":
         dataset = grain.MapDataset.source(Rows()).shuffle(seed=7).repeat().map(scale).batch(BATCH)
-        return dataset.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+        dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))  # in memory
+        return dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
     sampler = grain.samplers.IndexSampler(ROWS, shuffle=True, seed=7, num_epochs=None,
                                           shard_options=grain.sharding.NoSharding())
     return grain.DataLoader(data_source=Rows(), sampler=sampler, worker_count=2,

@@ -170,3 +170,32 @@ def test_the_grain_example_trains_and_resumes(tmp_path):
     line = second.stdout.strip().splitlines()[-1]
     assert line.startswith("step 300 (resumed from 150): test accuracy") and line.endswith("2 grain workers")
     assert float(line.split("accuracy ")[1].split(",")[0]) > 0.85
+
+
+class _CountedRows:
+    """Rows of `np.arange(n)` that count how many were read."""
+
+    def __init__(self, n):
+        self.n, self.reads = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return np.float32(index)
+
+
+def test_the_grain_loader_reads_no_batches_ahead_of_those_taken():
+    """The rows are in memory: the pipeline of `data.loader: "grain"` reads a row when its
+    batch is taken (in the workers: when a worker builds its next batch), not hundreds of
+    batches ahead as grain's defaults for slow storage would (16 threads, 500 batches)."""
+    pytest.importorskip("grain")
+    from jaxmon._loaders import array_pipeline
+
+    rows = _CountedRows(10_000)
+    batches = iter(array_pipeline({"x": rows}, 10, seed=0, worker_count=0))
+    taken = [next(batches)["x"] for _ in range(3)]
+    assert [batch.shape for batch in taken] == [(10,)] * 3
+    assert sorted(np.concatenate(taken).astype(int).tolist()) == sorted(set(np.concatenate(taken).astype(int).tolist()))
+    assert rows.reads <= 40, rows.reads  # 30 rows taken; the defaults read thousands
