@@ -1,56 +1,99 @@
-"""jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX."""
+"""jaxmon: TF 1.x's MonitoredSession and hooks, re-made for JAX.
+
+Every public name loads with its module on first use (PEP 562): `jaxmon --help`, a
+config's error and `jaxmon inspect` answer without loading JAX, and a program that
+uses a few names loads only what they need. The imports below are the names' one list,
+read by type checkers as they are and by `__getattr__` through `_lazy_names`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from typing import TYPE_CHECKING, Any
 
 # First, before JAX loads: in the `jaxmon` command, Ctrl-C and SIGTERM are handled from here on.
 from jaxmon import _cli_signals  # noqa: F401  isort: skip
-from jaxmon import datasets, distributed, models
-from jaxmon._agree import PeerError
-from jaxmon._checkpoint import Restored, checkpoints_iterator, restore_checkpoint
-from jaxmon._data import ArrayDataSource
-from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
-from jaxmon._experiment import train_experiment
-from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
-from jaxmon._experiment.tasks import Task, TaskContext
-from jaxmon._hook import (
-    Hook,
-    RunArgs,
-    RunContext,
-    RunValues,
-    SessionRunArgs,
-    SessionRunContext,
-    SessionRunHook,
-    SessionRunValues,
-)
-from jaxmon._loaders import ResumableIterator
-from jaxmon._reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
-from jaxmon._session import MonitoredSession
-from jaxmon._state import TrainState
-from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
-from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
-from jaxmon._warm_start import WarmStartReport
-from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
-from jaxmon.hooks import (
-    CheckpointSaverHook,
-    CheckpointSaverListener,
-    EarlyStoppingHook,
-    EvalHook,
-    FeedFnHook,
-    FinalOpsHook,
-    GlobalStepWaiterHook,
-    Histogram,
-    Image,
-    LoggingHook,
-    LoggingTensorHook,
-    NanHook,
-    NanTensorHook,
-    PeriodicHook,
-    ProfilerHook,
-    ProgressBarHook,
-    StepCounterHook,
-    StopAtStepHook,
-    SummarySaverHook,
-    Text,
-    latest_checkpoint_step,
-)
+
+if TYPE_CHECKING:
+    from jaxmon import datasets, distributed, hooks, models
+    from jaxmon._agree import PeerError
+    from jaxmon._checkpoint import Restored, checkpoints_iterator, restore_checkpoint
+    from jaxmon._data import ArrayDataSource
+    from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
+    from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
+    from jaxmon._experiment.run import train_experiment
+    from jaxmon._experiment.tasks import Task, TaskContext
+    from jaxmon._hook import (
+        Hook,
+        RunArgs,
+        RunContext,
+        RunValues,
+        SessionRunArgs,
+        SessionRunContext,
+        SessionRunHook,
+        SessionRunValues,
+    )
+    from jaxmon._loaders import ResumableIterator
+    from jaxmon._reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
+    from jaxmon._session import MonitoredSession
+    from jaxmon._state import TrainState
+    from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
+    from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
+    from jaxmon._warm_start import WarmStartReport
+    from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
+    from jaxmon.hooks import (
+        CheckpointSaverHook,
+        CheckpointSaverListener,
+        EarlyStoppingHook,
+        EvalHook,
+        FeedFnHook,
+        FinalOpsHook,
+        GlobalStepWaiterHook,
+        Histogram,
+        Image,
+        LoggingHook,
+        LoggingTensorHook,
+        NanHook,
+        NanTensorHook,
+        PeriodicHook,
+        ProfilerHook,
+        ProgressBarHook,
+        StepCounterHook,
+        StopAtStepHook,
+        SummarySaverHook,
+        Text,
+        latest_checkpoint_step,
+    )
+
+
+def _lazy_names() -> dict[str, str]:
+    """{public name: its module} from the `if TYPE_CHECKING:` imports of this file (a
+    submodule, such as `models`, maps to itself)."""
+    with open(__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.name: f"{node.module}.{alias.name}" if node.module == __name__ else node.module
+            for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+_MODULE_OF = _lazy_names()
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = importlib.import_module(module)
+    if module != f"{__name__}.{name}":
+        value = getattr(value, name)
+    globals()[name] = value  # once: later lookups find it here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __version__ = "0.1.0"
 
@@ -116,6 +159,7 @@ __all__ = [
     "checkpoints_iterator",
     "datasets",
     "distributed",
+    "hooks",
     "latest_checkpoint_step",
     "load_config",
     "models",

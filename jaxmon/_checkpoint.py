@@ -37,7 +37,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from jaxmon import _integrity
 from jaxmon._orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
 from jaxmon._paths import open_fd
-from jaxmon._step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name
+from jaxmon._step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name, read_meta  # noqa: F401
 
 logger = logging.getLogger("jaxmon")
 
@@ -52,17 +52,6 @@ class Restored(NamedTuple):
     state: Any
     step: int
     meta: dict[str, Any]
-
-
-def read_meta(step_directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The `meta` item of one step's checkpoint (JSON), read without restoring the
-    state; None if it is missing or unreadable."""
-    try:
-        with open(os.path.join(step_directory, "meta", "metadata")) as file:
-            meta = json.load(file)
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
 
 
 def abstract_like(state: Any) -> Any:

@@ -219,17 +219,18 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import jax
-
-    from jaxmon._experiment import train_experiment
     from jaxmon._experiment.config_file import load_config
-    from jaxmon._launch import connect
     from jaxmon._local_processes import LEVEL_NAMES, processes_option, run_processes
 
     processes = processes_option(args.processes)
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides)  # before JAX loads: a config's error is said at once
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
+    import jax
+
+    from jaxmon._experiment.run import train_experiment
+    from jaxmon._launch import connect
+
     log = logging.getLogger("jaxmon")
     if not log.handlers:
         handler = _ClearLineHandler()

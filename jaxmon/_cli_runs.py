@@ -81,7 +81,7 @@ def run_info(workdir: str) -> dict[str, Any]:
     """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time; with
     `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
     each scalar in metrics.jsonl, and the latest checkpoint's config."""
-    from jaxmon._checkpoint import complete_steps, read_meta
+    from jaxmon._step_dirs import complete_steps, read_meta
 
     check_run(workdir)
     checkpoints = []
@@ -330,7 +330,7 @@ def _records(path: str) -> list[dict[str, Any]]:
 def is_run(workdir: str) -> bool:
     """Whether the directory `workdir` holds what a run writes: a complete checkpoint,
     metrics.jsonl, TensorBoard event files or hparams.json."""
-    from jaxmon._checkpoint import complete_steps
+    from jaxmon._step_dirs import complete_steps
     from jaxmon._writers.events import event_files
 
     files = [os.path.join(workdir, name) for name in ("metrics.jsonl", "hparams.json")]

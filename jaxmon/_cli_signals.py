@@ -241,7 +241,7 @@ def stop_line(args: Any, error: BaseException, signum: int) -> str:
     """The last line of a command stopped by `signum` (`error` reached `main`): the step
     a session stopped and saved at (its message), else whether training had started
     and which checkpoint stands."""
-    from jaxmon._checkpoint import complete_steps
+    from jaxmon._step_dirs import complete_steps
     from jaxmon._stopping import session_entered
 
     name = NAMES[signum]

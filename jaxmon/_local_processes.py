@@ -28,9 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from jaxmon._agree import PEER_LOST_EXIT_CODE
 from jaxmon._experiment.config_file import ConfigError
-from jaxmon._launch import detect
 from jaxmon._paths import open_file
 
 __all__ = ["GRACE_SECS", "LEVEL_NAMES", "processes_option", "run_processes"]
@@ -79,6 +77,8 @@ def run_processes(argv: Sequence[str], count: int, workdir: str, *, grace_secs: 
     Raises:
       ConfigError: this process is already one of several, or `workdir` cannot be made.
     """
+    from jaxmon._launch import detect  # loads JAX (its cluster detection): only to launch
+
     cluster = detect()
     if cluster.processes > 1:
         raise ConfigError(f"--processes {count} starts processes on this machine, but this process is already one "
@@ -258,6 +258,8 @@ def _blame(code: int) -> int:
     """How likely a child's exit `code` is the cause of a failed launch, the likeliest 0:
     killed by SIGKILL (from outside: the others' errors follow from it), by another signal,
     an error of its own, and last the code of a process that only lost its peer."""
+    from jaxmon._agree import PEER_LOST_EXIT_CODE
+
     if code < 0:
         return 0 if code == -signal.SIGKILL else 1
     return 3 if code == PEER_LOST_EXIT_CODE else 2

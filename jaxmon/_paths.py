@@ -9,8 +9,6 @@ import os
 from collections.abc import Mapping
 from typing import IO, Any
 
-import jax
-
 #: The field that names a key path entry: `DictKey.key`, `FlattenedIndexKey.key`,
 #: `GetAttrKey.name`, `SequenceKey.idx`, and the same fields of custom key classes.
 _FIELDS = ("key", "name", "idx")
@@ -23,6 +21,7 @@ def path_name(path: tuple) -> str:
     empty path is "".
 
     Example:
+      >>> import jax
       >>> [path_name(path) for path, _ in jax.tree_util.tree_leaves_with_path({"w": [1, 2]})]
       ['w/0', 'w/1']
     """
@@ -45,6 +44,8 @@ def by_path(tag: str, tree: Any) -> dict[str, Any]:
       >>> by_path("loss", 0.5)
       {'loss': 0.5}
     """
+    import jax  # here: the command's paths (opening a run's files) work without loading JAX
+
     return {f"{tag}/{path_name(path)}" if path else tag: leaf
             for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 

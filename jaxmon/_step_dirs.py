@@ -13,11 +13,10 @@ a checkpoint is never restored, compared against, pruned or deleted.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
-
-import orbax.checkpoint as ocp
 
 from jaxmon import _integrity
 
@@ -63,12 +62,25 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
                   if is_step_name(name) and os.path.isdir(path := os.path.join(directory, name)) and is_complete(path))
 
 
+def read_meta(step_directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The `meta` item of one step's checkpoint (JSON), read without restoring the
+    state; None if it is missing or unreadable."""
+    try:
+        with open(os.path.join(step_directory, "meta", "metadata")) as file:
+            meta = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 class CompleteStepNames:
     """Orbax's `NameFormat` of jaxmon's step directories: named by the step, as Orbax's
     standard format names them, and listed and found only when `is_step_name` and
     `is_complete` say so (`CheckpointManagerOptions(step_name_format=...)`)."""
 
     def __init__(self) -> None:
+        import orbax.checkpoint as ocp  # here: listing a run's steps (`jaxmon inspect`) needs no Orbax
+
         self._standard = ocp.path.step.standard_name_format()
 
     def build_name(self, step: int) -> str:

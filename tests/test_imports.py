@@ -2,7 +2,12 @@
 
 import ast
 import importlib
+import json
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 import jaxmon
 
@@ -139,3 +144,38 @@ def test_the_hook_protocol_fits_on_a_screen():
     members = sorted(name for cls in jaxmon.Hook.__mro__[:-1] for name in vars(cls) if not name.startswith("_"))
     assert len(members) <= 12, members
     assert {"begin", "after_create_session", "before_run", "after_run", "end", "next_trigger"} <= set(members)
+
+
+LOADS = """
+import json, os, sys
+import jaxmon
+from jaxmon import _cli
+before = sorted(m for m in ("jax", "flax", "optax", "orbax") if m in sys.modules)
+try:
+    code = _cli.main(sys.argv[1:])
+except SystemExit as exit:  # --help
+    code = exit.code
+sys.stdout.flush()
+os.write(1, json.dumps({"before": before, "code": code,
+                        "after": sorted(m for m in ("jax", "flax", "optax", "orbax") if m in sys.modules)}).encode())
+"""
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--help"], 0),
+    (["train", "--config", "configs/default.py", "--workdir", "{tmp}/new", "--config.sesion.max_to_keep=2"], 2),
+    (["train", "--config", "{tmp}/missing.py", "--workdir", "{tmp}/new"], 2),
+    (["inspect", "{tmp}/run"], 0),
+], ids=["help", "config-key", "config-file", "inspect"])
+def test_the_command_answers_help_a_configs_error_and_inspect_without_loading_jax(argv, code, tmp_path):
+    """`import jaxmon` loads no JAX, and neither do `jaxmon --help`, a config's error nor
+    `jaxmon inspect`: each answers in a fraction of a second, not after JAX has loaded."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    done = subprocess.run([sys.executable, "-c", LOADS, *argv], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=120)
+    said, _, result = done.stdout.rpartition("\n")
+    assert json.loads(result) == {"before": [], "code": code, "after": []}, (done.stdout[-2000:], done.stderr[-2000:])
+    if argv[0] == "inspect":
+        assert "loss  1  (step 2)" in said, said

@@ -18,3 +18,15 @@ def test_tf_names_are_aliases_of_the_jaxmon_names():
 
 def test_errors_subclass_the_builtin_they_resemble():
     assert issubclass(jm.AbortedError, RuntimeError) and issubclass(jm.UnavailableError, RuntimeError)
+
+
+def test_every_public_name_loads_from_the_one_list_and_the_list_is_all():
+    assert set(jm._MODULE_OF) == set(jm.__all__)  # the `if TYPE_CHECKING:` imports are `__all__`
+    assert set(jm.__all__) <= set(dir(jm))
+    assert jm.hooks.EvalHook is jm.EvalHook and jm.models.__name__ == "jaxmon.models"
+    try:
+        jm.NoSuchName  # noqa: B018
+    except AttributeError as error:
+        assert "'jaxmon' has no attribute 'NoSuchName'" in str(error)
+    else:
+        raise AssertionError("jm.NoSuchName gave no AttributeError")
