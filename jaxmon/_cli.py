@@ -95,21 +95,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _add_train(commands)
-    from jaxmon._cli_check import add_check
+    with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
+        parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        _add_train(commands)
+        from jaxmon._cli_check import add_check
+        from jaxmon._experiment.config_file import ConfigError
 
-    for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
-        command.add_argument("--debug", action="store_true", help="print a failure's traceback")
+        for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
+            command.add_argument("--debug", action="store_true", help="print a failure's traceback")
 
-    overrides, rest = _split_overrides(argv)
-    args = parser.parse_args(rest)
-    if overrides and not getattr(args, "takes_overrides", False):
-        parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
-    args.overrides, args.argv = overrides, argv
-    from jaxmon._experiment.config_file import ConfigError
+        overrides, rest = _split_overrides(argv)
+        args = parser.parse_args(rest)
+        if overrides and not getattr(args, "takes_overrides", False):
+            parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
+        args.overrides, args.argv = overrides, argv
 
     try:
         code = args.handler(args)
@@ -226,11 +227,11 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # before JAX loads: a config's error is said at once
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
-    import jax
+    with _cli_signals.loading():
+        import jax
 
-    from jaxmon._experiment.run import train_experiment
-    from jaxmon._launch import connect
-
+        from jaxmon._experiment.run import train_experiment
+        from jaxmon._launch import connect
     log = logging.getLogger("jaxmon")
     if not log.handlers:
         handler = _ClearLineHandler()

@@ -34,11 +34,13 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from jaxmon._experiment.check import check_experiment
+    from jaxmon import _cli_signals
     from jaxmon._experiment.config_file import load_config
-    from jaxmon._launch import connect
 
     config = load_config(args.config, args.overrides)
+    with _cli_signals.loading():
+        from jaxmon._experiment.check import check_experiment
+        from jaxmon._launch import connect
     connect()
     report = check_experiment(config)
     print(json.dumps(report, default=str) if args.json else format_report(report), flush=True)

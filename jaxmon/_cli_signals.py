@@ -3,8 +3,9 @@
 Importing this module in the `jaxmon` command (`jaxmon ...` or `python -m jaxmon ...`;
 `jaxmon/__init__.py` imports it first, before JAX loads) installs handlers for both:
 
-- start-up, until `main` takes over: nothing has been done yet, so a signal ends the
-  process at once with one line (exit 130 for Ctrl-C, 143 for SIGTERM);
+- start-up, until `main` takes over, and while `main` loads JAX (`loading()`): nothing
+  has been done yet, so a signal ends the process at once with one line (exit 130 for
+  Ctrl-C, 143 for SIGTERM);
 - in `main` (`handling()`): a signal raises `KeyboardInterrupt` (Ctrl-C) or `Terminated`
   (SIGTERM) in the main thread, so that what is open closes on the way out; a session
   inside its `with` block takes both signals over and saves first. One that Python
@@ -216,6 +217,25 @@ def handling() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Around `main`'s imports that load JAX and the libraries with it: a signal ends the
+    process at once with the start-up line, as one during `import jaxmon` would. Raised
+    inside a native extension's initialisation, the exception could leave it half made,
+    and the process would crash on its way out instead of saying it stopped."""
+    if _stage.name != "main":
+        yield
+        return
+    previous = _install(_exit_at_once)
+    _stage.name = "start-up"  # `_exit_at_once`'s words: nothing done yet
+    try:
+        yield
+    finally:
+        _stage.name = "main"
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def check() -> None:
     """Raises the signal's exception if one came and was lost on the way (a library
     caught it): the command then stops as it would have."""
@@ -241,9 +261,10 @@ def stop_line(args: Any, error: BaseException, signum: int) -> str:
     """The last line of a command stopped by `signum` (`error` reached `main`): the step
     a session stopped and saved at (its message), else whether training had started
     and which checkpoint stands."""
-    from jaxmon._step_dirs import complete_steps
-    from jaxmon._stopping import session_entered
+    from jaxmon._step_dirs import complete_steps  # loads no JAX: the signal may have cut JAX's import short
 
+    stopping = sys.modules.get("jaxmon._stopping")  # not loaded: no session was entered
+    session_entered = getattr(stopping, "session_entered", lambda: False)
     name = NAMES[signum]
     if getattr(args, "command", None) != "train":
         return f"Stopped by {name}."

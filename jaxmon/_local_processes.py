@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from jaxmon import _cli_signals
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._paths import open_file
 
@@ -77,7 +78,8 @@ def run_processes(argv: Sequence[str], count: int, workdir: str, *, grace_secs: 
     Raises:
       ConfigError: this process is already one of several, or `workdir` cannot be made.
     """
-    from jaxmon._launch import detect  # loads JAX (its cluster detection): only to launch
+    with _cli_signals.loading():
+        from jaxmon._launch import detect  # loads JAX (its cluster detection): only to launch
 
     cluster = detect()
     if cluster.processes > 1:
