@@ -3,7 +3,8 @@
 The detection and the launcher's handling of its children (output, a failed child,
 Ctrl-C) are tested with fake children, small scripts that need no JAX; the slow tests
 run `jaxmon train --processes 2` on a tiny config (two CPU devices each) to the end,
-with a child killed and the run resumed, and stopped by Ctrl-C.
+and stopped by Ctrl-C. A child SIGKILLed and the run resumed: `configs/lm_fsdp.py` as
+two processes, in test_experiment_scale.py.
 """
 
 from __future__ import annotations
@@ -393,36 +394,6 @@ def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
     assert jm.latest_checkpoint_step(workdir) == 40
     restored = jm.restore_checkpoint(workdir)
     assert restored.step == 40 and restored.meta["config"]["steps"] == 40
-
-
-@pytest.mark.slow
-def test_a_killed_process_ends_the_launch_and_the_same_command_resumes(tmp_path):
-    workdir, config = tmp_path / "run", _config(tmp_path, steps=80, sleep=0.05)
-    launcher = _launch_processes(config, workdir)
-    try:
-        _wait_for_checkpoint(workdir, launcher, 20)
-        children = _children(launcher.pid)
-        assert sorted(children) == [0, 1], children
-        os.kill(children[1], signal.SIGKILL)
-        start = time.monotonic()
-        out, err = launcher.communicate(timeout=60)
-        seconds = time.monotonic() - start
-    finally:
-        _stop(launcher)
-    print(f"SIGKILL of process 1 to the end of the launch: {seconds:.1f} s")
-    assert seconds < 30 and launcher.returncode == 137, err[-3000:]
-    assert not any(_running(pid) for pid in children.values())  # every child has ended
-    assert re.search(rf"jaxmon train: process 1 of 2 was killed by SIGKILL \(its log is {re.escape(str(workdir))}"
-                     r"/process-1.log\); the other processes were stopped.", err), err[-3000:]
-    saved = jm.latest_checkpoint_step(workdir)
-    assert saved is not None and 20 <= saved < 80
-
-    rerun = _launch_processes(config, workdir)
-    out, err = _finish(rerun)
-    assert rerun.returncode == 0, err[-3000:]
-    assert f"Resumed from step {saved} in {workdir}; training on to step 80." in out
-    assert RESULT.fullmatch(out.strip().splitlines()[-1])[1] == "80"
-    assert jm.latest_checkpoint_step(workdir) == 80
 
 
 @pytest.mark.slow

@@ -182,30 +182,41 @@ def test_the_lm_config_trains_below_the_unigram_entropy_of_its_data_in_under_two
 
 # -- configs/lm_fsdp.py: 8 devices, one device, two processes --------------------------------------
 
-def kill_once_checkpointed(command, workdir, step, pick=None, env=None):
-    """Starts `command`, SIGKILLs it (or the child process `pick(pids)` chooses) once
-    checkpoint `step` is complete, and returns (exit code, seconds from the kill to its end)."""
-    process = subprocess.Popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+def kill_once_checkpointed(command, workdir, step, pick=None, env=None, stderr=None):
+    """Starts `command`, SIGKILLs it (or the child process `pick(pid)` chooses) once
+    checkpoint `step` is complete, and returns (exit code, seconds from the kill to its
+    end, the pids of its children when killed); its stderr goes to the file `stderr`."""
+    with open(stderr or os.devnull, "w") as err:
+        process = subprocess.Popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 400
         while (jm.latest_checkpoint_step(workdir) or 0) < step:
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
+        children = [int(pid) for pid in open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()]
         victim = process.pid if pick is None else pick(process.pid)
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         code = process.wait(timeout=120)
-        return code, time.monotonic() - killed
+        return code, time.monotonic() - killed, children
     finally:
         process.kill()
+
+
+def running(pid):
+    """Whether `pid` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.slow
 def test_a_sigkilled_lm_run_rerun_ends_with_the_parameters_of_an_uninterrupted_run(fsdp_runs, tmp_path):
     command = [sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm.py", *SHORT, "--workdir",
                str(tmp_path / "killed")]
-    code, _ = kill_once_checkpointed(command, tmp_path / "killed", 10)
+    code, _, _ = kill_once_checkpointed(command, tmp_path / "killed", 10)
     assert code == -signal.SIGKILL and jm.latest_checkpoint_step(tmp_path / "killed") < 20
     rerun = jaxmon(*command[3:])
     assert rerun.returncode == 0, rerun.stderr[-2000:]
@@ -311,13 +322,18 @@ def test_fsdp_as_two_processes_survives_a_sigkill_and_ends_with_the_parameters_o
     two = tmp_path / "two"
     command = [sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm_fsdp.py", "--workdir", str(two),
                "--processes", "2", *SHORT]
-    code, seconds = kill_once_checkpointed(command, two, 10, pick=process_1, env=cpu_env(4))
+    code, seconds, children = kill_once_checkpointed(command, two, 10, pick=process_1, env=cpu_env(4),
+                                                     stderr=tmp_path / "launcher.err")
     print(f"SIGKILL of process 1: the launcher and process 0 ended {seconds:.1f} s later, exit {code}")
-    assert code == 128 + signal.SIGKILL and seconds < 30
+    err = (tmp_path / "launcher.err").read_text()
+    assert code == 128 + signal.SIGKILL and seconds < 30, err[-3000:]
+    assert len(children) == 2 and not any(running(pid) for pid in children)  # every process has ended
+    assert f"jaxmon train: process 1 of 2 was killed by SIGKILL (its log is {two}/process-1.log); the other " \
+           "processes were stopped." in err, err[-3000:]
     assert jm.latest_checkpoint_step(two) == 10
     rerun = jaxmon(*command[3:], devices=4)
     assert rerun.returncode == 0, (rerun.stdout[-2000:], rerun.stderr[-3000:])
-    assert "Resumed from step 10" in rerun.stdout
+    assert f"Resumed from step 10 in {two}; training on to step 20." in rerun.stdout
     expected, got = final_params(fsdp_runs["root"] / "eight"), final_params(two)
     for path in expected:
         np.testing.assert_allclose(got[path], expected[path], rtol=1e-5, atol=1e-6, err_msg=path)
