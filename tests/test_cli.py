@@ -91,6 +91,55 @@ def test_a_second_train_resumes_and_says_so(run):
     assert jm.latest_checkpoint_step(workdir) == 1500
 
 
+EXIT_PROBE = """
+import atexit, os, threading, time
+import jaxmon as jm
+
+
+class ExitProbe(jm.Hook):
+    # At the end: a thread (not a daemon) that writes a file half a second later, and an
+    # exit function that writes whether that file was there when it ran.
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def end(self, session):
+        def late():
+            time.sleep(0.5)
+            with open(os.path.join(self.directory, "thread"), "w") as f:
+                f.write("done")
+
+        def at_exit():
+            with open(os.path.join(self.directory, "atexit"), "w") as f:
+                f.write(str(os.path.exists(os.path.join(self.directory, "thread"))))
+
+        threading.Thread(target=late).start()
+        atexit.register(at_exit)
+"""
+
+
+def test_a_finished_run_ends_as_python_ends_joining_threads_then_running_exit_functions(tmp_path):
+    """The command ends without Python's teardown of every module, but as Python would
+    otherwise: a thread still running is waited for, then the exit functions run."""
+    (tmp_path / "probe.py").write_text(EXIT_PROBE)
+    (tmp_path / "config.py").write_text(f"""
+import sys
+sys.path.insert(0, {str(ROOT / "configs")!r})
+import default
+
+def get_config():
+    config = default.get_config()
+    config["hooks"].append({{"name": "probe:ExitProbe", "directory": {str(tmp_path)!r}}})
+    return config
+""")
+    result = jaxmon("train", "--config", tmp_path / "config.py", "--workdir", tmp_path / "run", "--config.steps=5",
+                    "--config.hooks.1.every_n_steps=5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert RESULT.fullmatch(result.stdout.strip().splitlines()[-1])[1] == "5"
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "atexit").read_text() == "True"  # after the thread had ended
+
+
 def test_overrides_continue_the_run_with_new_settings(run, tmp_path):
     workdir, _ = run
     longer = tmp_path / "longer"
