@@ -214,8 +214,9 @@ class RecordingWriter:
 
 
 #: XLA flags of the suite on the CPU (conftest.py), here and in child processes: no LLVM
-#: optimisations, which cost more to run than they save on the suite's small programs.
-SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+#: optimisations, which cost more to run than they save on the suite's small programs
+#: (nor LLVM's expensive passes: a one-layer `configs/lm.py` compiles in 0.9 s less CPU).
+SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def cpu_env(devices: int | None = None) -> dict[str, str]:
