@@ -35,6 +35,7 @@ import time
 
 def worker(rank: int, address: str, steps: int, rounds: int, workdir: str) -> None:
     import jaxmon as jm
+    from jaxmon import _sharding
 
     jm.distributed.initialize(address, num_processes=2, process_id=rank, initialization_timeout=60,
                               preemption_sync=False, log_prefix=False)
@@ -46,7 +47,7 @@ def worker(rank: int, address: str, steps: int, rounds: int, workdir: str) -> No
     init_fn, step_fn, batch = make_workload()
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     local = {k: np.asarray(v)[rank::2] for k, v in batch.items()}
-    placement = jm._sharding.Placement(mesh)
+    placement = _sharding.Placement(mesh)
     compiled = jax.jit(step_fn, donate_argnums=0)
 
     def bare(allgather=False):

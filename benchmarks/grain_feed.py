@@ -39,6 +39,7 @@ import numpy as np
 import optax
 
 import jaxmon as jm
+from jaxmon import _loaders
 from jaxmon.models import CNN
 
 
@@ -90,7 +91,7 @@ def pipeline(train, batch_size, workers, per_batch=False):
     """Per row (the usual pipeline, `jaxmon train`'s with `data.loader: grain`: a shuffled
     lookup per row, then batching), or per batch."""
     if not per_batch:
-        return jm._loaders.array_pipeline(train, batch_size, seed=0, worker_count=workers)
+        return _loaders.array_pipeline(train, batch_size, seed=0, worker_count=workers)
     dataset = grain.MapDataset.source(Batches(train, batch_size)).to_iter_dataset()
     return dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)) if workers else dataset
 
@@ -107,7 +108,7 @@ def bare_timed(init_fn, step_fn, data, warmup, steps):
         ahead.append(jax.device_put(next(data)))
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - start
-    jm._loaders.close_iterator(data)  # stops grain's workers
+    _loaders.close_iterator(data)  # stops grain's workers
     return elapsed / steps * 1e6
 
 
@@ -149,7 +150,7 @@ def main():
             else:
                 data = pipeline(train, args.batch_size, args.workers, per_batch=name == "grain_batches")
             if name.startswith("bare"):
-                jm._loaders.prepare_grain()
+                _loaders.prepare_grain()
                 times[name].append(bare_timed(init_fn, step_fn, iter(data), args.warmup, args.steps))
             else:
                 times[name].append(timed(init_fn, step_fn, data, args.warmup, args.steps))

@@ -70,8 +70,11 @@ if TYPE_CHECKING:
 def _lazy_names() -> dict[str, str]:
     """{public name: its module} from the `if TYPE_CHECKING:` imports of this file (a
     submodule, such as `models`, maps to itself)."""
-    with open(__file__, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+    source = __spec__.loader.get_source(__name__)  # also from a zip file
+    if source is None:
+        raise ImportError("jaxmon is installed without its source files; its public names are read from "
+                          f"{__file__}'s imports: install it from a wheel or its sources.")
+    tree = ast.parse(source)
     block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
     return {alias.name: f"{node.module}.{alias.name}" if node.module == __name__ else node.module
             for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}

@@ -96,28 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
-        parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter)
-        commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-        _add_train(commands)
-        from jaxmon._cli_check import add_check
-        from jaxmon._experiment.config_file import ConfigError
+    from jaxmon._experiment.config_file import ConfigError
 
-        for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
-            command.add_argument("--debug", action="store_true", help="print a failure's traceback")
-
-        overrides, rest = _split_overrides(argv)
-        args = parser.parse_args(rest)
-        if overrides and not getattr(args, "takes_overrides", False):
-            parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
-        args.overrides, args.argv = overrides, argv
-
+    args = None
     try:
+        with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
+            args = _parse(argv)
         code = args.handler(args)
         _cli_signals.check()  # a signal that a library caught on the way stops the command all the same
         return code
     except BaseException as error:
+        if args is None:  # the usage's error or --help (SystemExit)
+            raise
         signum = _cli_signals.stopped(error)  # first: whatever a signal became on its way up
         if signum is not None:
             return _fail(args, _cli_signals.EXIT_CODES[signum], _cli_signals.stop_line(args, error, signum), error)
@@ -128,11 +118,28 @@ def _main(argv: list[str]) -> int:
             return 0
         if not isinstance(error, Exception):  # SystemExit
             raise
-        from jaxmon._agree import PeerError
-
-        if isinstance(error, PeerError):  # another process died (75) or failed (1): this one stops too
+        agree = sys.modules.get("jaxmon._agree")  # not loaded (no JAX): no PeerError either
+        if agree is not None and isinstance(error, agree.PeerError):  # another process died (75) or failed (1)
             return _fail(args, error.exit_code, _one_line(error), error)
         return _fail(args, 1, _one_line(error), error)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line's arguments, `overrides` and `argv` among them."""
+    parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_train(commands)
+    from jaxmon._cli_check import add_check
+
+    for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
+        command.add_argument("--debug", action="store_true", help="print a failure's traceback")
+    overrides, rest = _split_overrides(argv)
+    args = parser.parse_args(rest)
+    if overrides and not getattr(args, "takes_overrides", False):
+        parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
+    args.overrides, args.argv = overrides, argv
+    return args
 
 
 def _add_train(commands: Any) -> argparse.ArgumentParser:
@@ -211,8 +218,33 @@ def run() -> None:
         sys.exit(0)
     join_threads()  # what the interpreter does first at exit: the threads not marked daemon end
     exit_functions()
-    _cli_signals.flush_std_streams()
+    _flush_open_files()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # as Python's own exit when it cannot flush stdout
+        os._exit(120)
     os._exit(0)
+
+
+def _flush_open_files() -> None:
+    """Flushes every open file written through Python, and C's stdio, as Python's
+    teardown would (a user's hook may leave a file open); 50 ms with JAX loaded."""
+    import ctypes
+    import gc
+    import io
+
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    for file in [obj for obj in gc.get_objects() if type(obj) in kinds]:
+        try:
+            if not file.closed:
+                file.flush()
+        except Exception:  # a broken pipe, a full disk: as the teardown, it goes on
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask
+        pass
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -233,8 +265,9 @@ def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import load_config
     from jaxmon._local_processes import LEVEL_NAMES, processes_option, run_processes
 
-    processes = processes_option(args.processes)
-    config = load_config(args.config, args.overrides)  # before JAX loads: a config's error is said at once
+    with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
+        processes = processes_option(args.processes)
+        config = load_config(args.config, args.overrides)
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
     with _cli_signals.loading():

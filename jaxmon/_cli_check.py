@@ -37,8 +37,8 @@ def _check(args: argparse.Namespace) -> int:
     from jaxmon import _cli_signals
     from jaxmon._experiment.config_file import load_config
 
-    config = load_config(args.config, args.overrides)
     with _cli_signals.loading():
+        config = load_config(args.config, args.overrides)
         from jaxmon._experiment.check import check_experiment
         from jaxmon._launch import connect
     connect()

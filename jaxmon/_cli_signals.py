@@ -49,6 +49,7 @@ class _Stage:
     (raising), "ending"; the signal raised and not yet acknowledged, and its exception."""
 
     name = "off"
+    command = False  # this process is the `jaxmon` command
     pending: int | None = None
     raised: BaseException | None = None
     hook: Any = sys.unraisablehook
@@ -179,7 +180,7 @@ def _again(signum: int, frame: Any) -> None:
 def install_for_the_command() -> None:
     """Handles both signals from here on if this process is the `jaxmon` command."""
     if _stage.name == "off" and threading.current_thread() is threading.main_thread() and _is_the_command():
-        _stage.name = "start-up"
+        _stage.name, _stage.command = "start-up", True
         _install(_exit_at_once)
         atexit.register(_ignore_signals)  # registered first, so it runs after the other exit functions
 
@@ -223,17 +224,29 @@ def loading() -> Iterator[None]:
     process at once with the start-up line, as one during `import jaxmon` would. Raised
     inside a native extension's initialisation, the exception could leave it half made,
     and the process would crash on its way out instead of saying it stopped."""
-    if _stage.name != "main":
+    if _stage.name != "main" or not _stage.command:  # `main` called in a program of its own
         yield
         return
-    previous = _install(_exit_at_once)
-    _stage.name = "start-up"  # `_exit_at_once`'s words: nothing done yet
+    with _held():  # a signal in between waits: the handler and the words change together
+        previous = _install(_exit_at_once)
+        _stage.name = "start-up"  # `_exit_at_once`'s words: nothing done yet
     try:
         yield
     finally:
-        _stage.name = "main"
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        with _held():
+            _stage.name = "main"
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back (blocked) inside, delivered on the way out."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, EXIT_CODES)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def check() -> None:

@@ -94,6 +94,29 @@ def test_the_console_script_handles_a_signal_during_its_imports(tmp_path):
     assert "before training started: nothing to save" in last
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_the_config_file_runs_ends_the_command_at_once(tmp_path, signum):
+    """The config file is the user's code, run before JAX loads (a config's error is said
+    at once): a signal while it runs ends the command with the start-up line."""
+    config = tmp_path / "slow.py"
+    config.write_text(f"import pathlib, runpy, time\n\ndef get_config():\n"
+                      f"    pathlib.Path({str(tmp_path / 'running')!r}).touch()\n"
+                      f"    import jax, flax.linen, optax  # a signal lands in these imports, or after\n"
+                      f"    time.sleep(30)\n    return runpy.run_path({DEFAULT!r})['get_config']()\n")
+    process = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                                str(tmp_path / "run")], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "running").exists():
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.01)
+    process.send_signal(signum)
+    last = assert_stopped(finish(process, timeout=20), signum)
+    assert last == f"jaxmon train: Stopped by {NAME[signum]} before training started: nothing to save; run the " \
+                   "same command to train."
+    assert not (tmp_path / "run").exists()
+
+
 # -- during the first compilation: the session saves, then stops ----------------------------------
 
 

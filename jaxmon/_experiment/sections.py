@@ -133,7 +133,7 @@ def _hook_class(name: Any, key: str) -> Any:
     """The hook class `name` names: a jaxmon hook's name, or an import path."""
     if not (isinstance(name, str) and name.isidentifier()):
         return resolve(name, f"{key}.name")
-    cls = getattr(jaxmon, name, None)
+    cls = getattr(jaxmon, name) if name in jaxmon.__all__ else None  # loads its module: its errors show
     if not (isinstance(cls, type) and issubclass(cls, jaxmon.Hook)):
         hooks = sorted(n for n in dir(jaxmon) if n.endswith("Hook") and n[0].isupper())
         near = difflib.get_close_matches(name, hooks, n=1)
