@@ -371,6 +371,7 @@ def _wait_for_checkpoint(workdir: Path, launcher: subprocess.Popen, step: int) -
         time.sleep(0.2)
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
     workdir = tmp_path / "run"
@@ -396,6 +397,7 @@ def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
     assert restored.step == 40 and restored.meta["config"]["steps"] == 40
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_ctrl_c_saves_every_process_at_one_step_and_exits_130(tmp_path):
     workdir = tmp_path / "run"

@@ -408,6 +408,7 @@ def both(two_processes, run):
     return found
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_two_processes_with_4_steps_a_run_end_with_the_parameters_of_one(two_processes):
     root = two_processes[0]
@@ -424,6 +425,7 @@ def test_two_processes_with_4_steps_a_run_end_with_the_parameters_of_one(two_pro
     assert one[0]["lengths"] == [1] * LAST_STEP
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_two_processes_write_and_save_on_the_steps_of_one_step_a_run(two_processes):
     root = two_processes[0]
@@ -435,6 +437,7 @@ def test_two_processes_write_and_save_on_the_steps_of_one_step_a_run(two_process
     assert complete_steps(root / "k1" / "ckpt") == complete_steps(root / "k4" / "ckpt") == [0, 6, 12, 18, 23]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_two_processes_with_4_steps_a_run_resume_from_a_checkpoint(two_processes):
     root = two_processes[0]
@@ -449,6 +452,7 @@ def test_two_processes_with_4_steps_a_run_resume_from_a_checkpoint(two_processes
     assert_same_state(final_p0, full)  # the data position came back with the checkpoint
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_with_4_steps_a_run_stops_both_at_one_step_and_saves_it(two_processes):
     root = two_processes[0]

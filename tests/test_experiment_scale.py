@@ -315,6 +315,7 @@ def test_fsdp_on_8_devices_ends_with_the_loss_of_one_device(fsdp_runs):
     np.testing.assert_allclose([eight[s] for s in sorted(one)], [one[s] for s in sorted(one)], rtol=1e-4)
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the child process in /proc")
 def test_fsdp_as_two_processes_survives_a_sigkill_and_ends_with_the_parameters_of_one_process_of_8(fsdp_runs,

@@ -128,6 +128,7 @@ def uninterrupted(tmp_path_factory):
     return config, _final_state(directory / "run")
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0], ids=["process-1-dies", "the-coordinator-dies"])
 def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exactly(tmp_path, uninterrupted,

@@ -130,6 +130,7 @@ def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
     assert sample[1] == summary["sample"] and sample[1].startswith("    def ") and len(sample[1]) == 108
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--launch", "2",

@@ -32,6 +32,8 @@ from helpers import cpu_env, free_port
 
 import jaxmon as jm
 
+pytestmark = pytest.mark.processes  # every test here runs two JAX processes
+
 WORKER = textwrap.dedent('''
     import json, os, sys, time
     import jaxmon as jm

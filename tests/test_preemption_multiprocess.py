@@ -9,9 +9,12 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 from helpers import cpu_env, free_port
 
 import jaxmon as jm
+
+pytestmark = pytest.mark.processes  # every test here runs two JAX processes
 
 WORKER = textwrap.dedent('''
     import sys, time
