@@ -37,7 +37,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from jaxmon import _integrity
 from jaxmon._orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
 from jaxmon._paths import open_fd
-from jaxmon._step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name, read_meta  # noqa: F401
+from jaxmon._step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name
 
 logger = logging.getLogger("jaxmon")
 

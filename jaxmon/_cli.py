@@ -96,11 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from jaxmon._experiment.config_file import ConfigError
-
     args = None
     try:
         with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
+            from jaxmon._experiment.config_file import ConfigError
+
             args = _parse(argv)
         code = args.handler(args)
         _cli_signals.check()  # a signal that a library caught on the way stops the command all the same

@@ -14,7 +14,7 @@ import pytest
 from helpers import cpu_env
 
 import jaxmon as jm
-from jaxmon import _checkpoint
+from jaxmon import _checkpoint, _step_dirs
 from jaxmon._batches import BatchSource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def _train(data, directory, last_step):
 def test_a_resumable_iterator_replays_the_consumed_batches_and_resumes_exactly(tmp_path, caplog):
     full, _ = _train(jm.ResumableIterator(Loader(5), repeat=True), tmp_path / "full", 12)
     _train(jm.ResumableIterator(Loader(5), repeat=True), tmp_path / "run", 6)  # 6 batches: past one epoch
-    meta = _checkpoint.read_meta(tmp_path / "run" / "6")
+    meta = _step_dirs.read_meta(tmp_path / "run" / "6")
     assert meta["data"] == {"batches": 6}  # the batches taken ahead are not counted
     loader = Loader(5)
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
@@ -151,7 +151,7 @@ def test_jaxmon_train_switches_to_grain_from_a_config_key_and_resumes_it(tmp_pat
               "--config.data.batch_size=16",  # grain's workers take ~0.2 ms of CPU a row
               "--config.session.save_checkpoint_steps=40", "--config.hooks.1.every_n_steps=1000")
     _cli(*common, "--config.steps=40")
-    position = _checkpoint.read_meta(tmp_path / "40")["data"]
+    position = _step_dirs.read_meta(tmp_path / "40")["data"]
     assert "iterators_in_use_states" in position  # grain's iterator state, with 2 workers
     resumed = _cli(*common, "--config.steps=80")
     assert "Restored step 40" in resumed.stderr + resumed.stdout

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from helpers import cpu_env
 
-from jaxmon import _checkpoint
+from jaxmon import _checkpoint, _step_dirs
 
 pytest.importorskip("grain")  # the jaxmon[grain] extra (installed by `make test`)
 
@@ -93,9 +93,9 @@ def test_a_grain_run_killed_after_a_checkpoint_resumes_bit_identical(loader, uni
 
 
 def test_positions_are_kept_as_json_in_the_checkpoint_a_dataloaders_bytes_as_text(uninterrupted):
-    dataset = _checkpoint.read_meta(uninterrupted / "dataset" / str(LAST_STEP))["data"]
+    dataset = _step_dirs.read_meta(uninterrupted / "dataset" / str(LAST_STEP))["data"]
     assert isinstance(dataset, dict) and "iterators_in_use_states" in dataset  # grain's own dict
-    dataloader = _checkpoint.read_meta(uninterrupted / "dataloader" / str(LAST_STEP))["data"]
+    dataloader = _step_dirs.read_meta(uninterrupted / "dataloader" / str(LAST_STEP))["data"]
     assert set(dataloader) == {"__bytes__"}  # grain.DataLoader's bytes: JSON text
     state = json.loads(dataloader["__bytes__"])
     assert state["worker_count"] == 2 and state["data_source"] == "Rows(96)"

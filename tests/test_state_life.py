@@ -16,7 +16,7 @@ import pytest
 from helpers import Counter, Plain
 
 import jaxmon as jm
-from jaxmon import _checkpoint
+from jaxmon import _checkpoint, _step_dirs
 from jaxmon._batches import BatchSource
 from jaxmon._metrics import Accumulators
 from jaxmon._state_life import Snapshot, StateLife, _hook_keys
@@ -160,7 +160,7 @@ def test_a_recovery_restores_state_and_data_but_leaves_the_hooks_their_own_state
 
 
 def test_the_saved_metadata_holds_the_versions_step_data_hooks_and_config(checkpoints):
-    meta = _checkpoint.read_meta(checkpoints / "2")
+    meta = _step_dirs.read_meta(checkpoints / "2")
     assert {"format", "jaxmon", "jax", "orbax", "time"} <= set(meta) and meta["jax"] == jax.__version__
     assert meta["step"] == 2 and meta["data"] == {"i": 2} and meta["config"] == {"lr": 0.1}
     assert meta["hooks"]["Keeper"] == {"n": 2} and meta["hooks"]["Keeper#2"] == {"n": 102}
