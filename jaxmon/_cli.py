@@ -81,6 +81,8 @@ that is a file, unwritable or in use by another run; a DIR the refused command c
 is removed again); 1 training failed (a non-finite loss, a failed save, a hook's
 error); 75 another process of the run died or stopped answering, so this one stopped
 too, at once (the complete checkpoints stand: start every process again to resume);
+76 the watchdog (session.watchdog_secs) saw no step complete in time: every thread's
+stack and what the loop was doing are above the last line; the same command resumes;
 130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
 the step it stopped on (run the same command to resume), or before training started,
 with nothing to save. A failure ends with one line

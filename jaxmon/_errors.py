@@ -22,10 +22,10 @@ def check_int(name: str, value: object, minimum: int = 0) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}.")
 
 
-def check_number(name: str, value: object) -> None:
-    """Raises a `ValueError` naming `name` unless `value` is a number >= 0."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be a number >= 0; got {value!r}.")
+def check_number(name: str, value: object, positive: bool = False) -> None:
+    """Raises a `ValueError` naming `name` unless `value` is a number >= 0 (> 0 if `positive`)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a number {'>' if positive else '>='} 0; got {value!r}.")
 
 
 def is_recoverable(error: BaseException) -> bool:

@@ -73,15 +73,16 @@ def detect() -> Cluster:
 def connect() -> Cluster:
     """Connects to the other processes (`jaxmon.distributed.initialize()`, JAX's own
     detection) if this process is one of several and not connected yet; returns
-    `detect()`'s answer. The line a lost peer ends this process with (when JAX's
-    coordination client ends it) starts with `jaxmon train: `, as the command's own do."""
+    `detect()`'s answer. The lines a lost peer (when JAX's coordination client ends the
+    process) or the watchdog end this process with start with `jaxmon train: `, as the
+    command's own do."""
+    _agree.failure_line["prefix"] = "jaxmon train: "
     cluster = detect()
     if cluster.processes > 1 and not jax.distributed.is_initialized():
         from jaxmon import distributed
 
         logger.info("One of %d processes (%s): connecting to the others.", cluster.processes, cluster.source)
         distributed.initialize()
-        _agree.failure_line["prefix"] = "jaxmon train: "
     return cluster
 
 

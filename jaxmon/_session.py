@@ -27,6 +27,7 @@ from jaxmon._metrics import Accumulators
 from jaxmon._state_life import Snapshot, StateLife
 from jaxmon._stopping import Preemption, Stopping
 from jaxmon._warm_start import WarmStartReport
+from jaxmon._watchdog import Watchdog
 
 logger = logging.getLogger("jaxmon")
 
@@ -64,6 +65,8 @@ class MonitoredSession:
       max_dispatch_ahead: the most steps queued without a wait ("auto": 16 on several CPU devices, else None).
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
       agree_every_n_steps: with several JAX processes, the most steps between two agreements ("Scaling out").
+      watchdog_secs: no step in this long ends the process (exit 76, stacks logged; see the README, "Watchdog");
+        watchdog_startup_secs: the same before the first step, while compiling and while closing.
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -87,10 +90,11 @@ class MonitoredSession:
                  handle_sigterm: bool = True, mesh: jax.sharding.Mesh | None = None, state_sharding: Any = None,
                  batch_sharding: Any = None, max_dispatch_ahead: int | None | str = "auto",
                  steps_per_dispatch: int = 1, prefetch: int = 2, agree_every_n_steps: int = 16,
-                 scan_unroll: int | bool | str = "auto"):
+                 scan_unroll: int | bool | str = "auto", watchdog_secs: float | None = None,
+                 watchdog_startup_secs: float = 600):
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
-                         scan_unroll)
+                         scan_unroll, watchdog_secs, watchdog_startup_secs)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         self._runner = HookRunner(hooks)
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
@@ -111,11 +115,14 @@ class MonitoredSession:
         self._stopping = Stopping(self._preemption, agreed=several)
         self._agreed = _agree.AgreedRuns(self._batches, self._runner, self._stopping, self,
                                          every_n_steps=agree_every_n_steps) if several else None
+        self._watchdog = Watchdog.of(lambda: (self._step, self._closed, self._life.restored_step), watchdog_secs,
+                                     watchdog_startup_secs)
         try:
             self._runner.begin(initial_step)
             self._life.create(self._created)
         except BaseException:
             self._closed = True
+            self._watchdog.stop()
             self._preemption.uninstall()  # the signal handlers go back to what they were
             self._batches.give_back()  # a loader's worker processes too
             self._runner.close(raise_errors=False)  # release what begin() opened
@@ -287,6 +294,7 @@ class MonitoredSession:
             self._dispatch.close()  # compilations ahead not started are dropped
             self._batches.give_back()
             self._runner.close(raise_errors=ok and clean)
+            self._watchdog.stop()
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:
@@ -342,7 +350,7 @@ def _refuse_run(closed: bool) -> None:
 
 def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
                      state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
-                     scan_unroll) -> None:
+                     scan_unroll, watchdog_secs, watchdog_startup_secs) -> None:
     """The checks of `MonitoredSession`'s arguments that need no state."""
     if (init_fn is None) == (state is None):
         raise ValueError(
@@ -367,6 +375,9 @@ def _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_pe
     _errors.check_int("prefetch", prefetch)
     _errors.check_int("agree_every_n_steps", agree_every_n_steps, minimum=1)
     _scan_unroll.check_scan_unroll(scan_unroll)
+    if watchdog_secs is not None:
+        _errors.check_number("watchdog_secs", watchdog_secs, positive=True)
+    _errors.check_number("watchdog_startup_secs", watchdog_startup_secs, positive=True)
 
 
 def _quietly(fn: Callable[[], None], what: str) -> None:
