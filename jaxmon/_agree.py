@@ -48,6 +48,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxmon import _cli_signals
+from jaxmon._errors import RollbackError
 from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
@@ -123,6 +124,7 @@ class Decision(NamedTuple):
     stopped_by: tuple[int, ...]
     failure: tuple[int, str, int] | None  # (process, error, its step) of the first process that failed
     next: int  # the step after whose run the processes agree next
+    rollback: int | None = None  # every failure is a NanHook's roll-back: the latest bad step of them
 
 
 class Plan(NamedTuple):
@@ -151,7 +153,8 @@ class Agreement:
         chief_time = self._clock() if self.process_index == 0 else 0.0
         error_step = getattr(error, "step", None)
         error_step = error_step if isinstance(error_step, int) and not isinstance(error_step, bool) else step
-        flags = np.array([float(stop), float(error is not None), chief_time, error_step, *plan], np.float64)
+        flags = np.array([float(stop), float(error is not None), chief_time, error_step, *plan,
+                          float(isinstance(error, RollbackError))], np.float64)
         everyone = _gather(flags, step)
         self.rounds += 1
         self.time = float(everyone[0, 2])
@@ -170,7 +173,9 @@ class Agreement:
             event = step + 1
         next_step = min(event - 1 if event - 1 > step else event,  # the step before a trigger too
                         (step // every + 1) * every, step + float(batches.min()))
-        return Decision(bool(stopped_by) or bool(failed), stopped_by, failure, int(max(step + 1, next_step)))
+        rollback = int(everyone[failed, 3].max()) if failed and everyone[failed, 7].all() else None
+        return Decision(bool(stopped_by) or bool(failed), stopped_by, failure, int(max(step + 1, next_step)),
+                        rollback)
 
     def all(self, flag: bool, step: int) -> bool:
         """Whether `flag` is True on every process."""
@@ -200,10 +205,13 @@ class AgreedRuns:
         the agreed stop is recorded.
       session: the session, whose `step` is the step number now.
       every_n_steps: agree at least at every multiple of this many steps.
+      recreate: `recreate(error)` restores the newest checkpoint after the roll-back `error`.
     """
 
-    def __init__(self, batches: Any, runner: Any, stopping: Any, session: Any, *, every_n_steps: int):
+    def __init__(self, batches: Any, runner: Any, stopping: Any, session: Any, *, every_n_steps: int,
+                 recreate: Callable[[BaseException], None] | None = None):
         self._agreement = Agreement()
+        self._recreate = recreate
         self._batches, self._runner, self._stopping, self._session = batches, runner, stopping, session
         self.every_n_steps = every_n_steps
         #: The step after whose run the processes agree next (None: before the first run).
@@ -224,7 +232,19 @@ class AgreedRuns:
 
     def run(self, run_once: Callable[[Any], Any], batch: Any) -> Any:
         """`run_once(batch)` (None: the next batch of data), then the agreement if its
-        step is an agreement point (before the first run, one more)."""
+        step is an agreement point (before the first run, one more). A roll-back agreed
+        there (`RollbackError`) re-creates the state on every process (`recreate`), which
+        then agree again and run."""
+        try:
+            return self._run(run_once, batch)
+        except RollbackError as error:
+            if self._recreate is None:
+                raise
+            self._recreate(error)
+            self.next = None
+            return self._run(run_once, None if self._batches.has_data else batch)
+
+    def _run(self, run_once: Callable[[Any], Any], batch: Any) -> Any:
         if self.next is None:
             self._agree(None)
             if self._stopping.decided:
@@ -277,6 +297,12 @@ class AgreedRuns:
         decision = self._agreed(self._agreement, step, stop=stop or self._stopping.requested, error=error,
                                 plan=Plan(event, deadline, batches), every=self.every_n_steps)
         self.next = decision.next
+        if decision.rollback is not None:  # every process rolls back together, past the latest bad step of any
+            if not isinstance(error, RollbackError):
+                error = RollbackError(f"JAX process {decision.failure[0]} rolls back after step {step}: "
+                                      f"{decision.failure[1]}. Every process rolls back with it.")
+            error.step = decision.rollback
+            raise error
         if decision.failure is not None:
             self._stopping.agree()
             if error is not None:

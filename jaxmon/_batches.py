@@ -104,6 +104,18 @@ class BatchSource:
             raise error
         return self._take()
 
+    def skip(self, count: int) -> list[Any]:
+        """Takes the next `count` batches and drops them (a roll-back past bad data);
+        returns the data position before each."""
+        positions = []
+        for _ in range(count):
+            positions.append(_loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state()))
+            if self._buffer:
+                self._buffer.popleft()
+            else:
+                next(self._data)
+        return positions
+
     def fill(self, count: int) -> int:
         """Takes batches ahead until `count` wait (the first `prefetch` of them sent to the
         device, the rest kept on the host), or the data ends; returns how many wait. An

@@ -49,6 +49,12 @@ class NanLossDuringTrainingError(RuntimeError):
         self.step, self.value = step, value
 
 
+class RollbackError(NanLossDuringTrainingError, AbortedError):
+    """A `NanHook(on_nan="rollback")` saw a bad step (`step`): the session restores the newest
+    checkpoint, skips the batches from it through `step`, and goes on (a recovery). Raised
+    where no recovery is possible (at `close()`), it is the `NanLossDuringTrainingError`."""
+
+
 def check_on_error(owner: object, on_error: object) -> str:
     """Returns `on_error` if it is a valid hook error policy, else raises `ValueError`
     naming `owner` (a hook or a str, formatted only on error)."""

@@ -258,36 +258,70 @@ class Then(Reduction):
 
 class FirstNonFinite(Reduction):
     """The first step whose value has a NaN or an infinity, and that value (or, for an
-    array, how many of its entries are not finite); sticky for the whole session.
+    array, how many of its entries are not finite); sticky for the whole session. With
+    `spike_factor`, a finite scalar above that factor times its running average is a
+    bad step too (a loss spike), judged on the device like the rest.
 
     Args:
       fetch: as `Reduction`.
       max_skips: 0 keeps every update; n > 0 keeps the state of the step before a
-        non-finite value instead (with `jnp.where`, on the device), up to n
-        consecutive steps: the (n + 1)-th is then the reported step.
+        bad value instead (with `jnp.where`, on the device), up to n consecutive
+        steps: the (n + 1)-th is then the reported step.
+      spike_factor: a scalar value above `spike_factor` times the running average of
+        the good values before it is a spike (None: no spike rule); for positive
+        values, such as a loss.
+      spike_warmup: how many good values the running average takes before it judges.
+      spike_decay: the running average's decay per good value (an exponential mean
+        over about 1 / (1 - decay) values).
     """
 
-    def __init__(self, fetch: Any = "loss", max_skips: int = 0):
+    def __init__(self, fetch: Any = "loss", max_skips: int = 0, *, spike_factor: float | None = None,
+                 spike_warmup: int = 20, spike_decay: float = 0.99):
         super().__init__(fetch)
-        self.max_skips = max_skips
+        if spike_factor is not None and (isinstance(spike_factor, bool) or not isinstance(spike_factor, (int, float))
+                                         or spike_factor <= 1):
+            raise ValueError(f"spike_factor must be a number > 1 (a loss above that many times its running "
+                             f"average is a spike) or None; got {spike_factor!r}.")
+        if not 0 < spike_decay < 1:
+            raise ValueError(f"spike_decay must be between 0 and 1; got {spike_decay!r}.")
+        self.max_skips, self.spike_factor, self.spike_warmup, self.spike_decay = (
+            max_skips, spike_factor, spike_warmup, spike_decay)
         self.size = 1
 
     restarts = False
 
     def init(self, value: Any) -> Any:
         self.size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(value))
-        return {"step": np.array(-1, np.int32), "value": np.array(0, np.float32), "run": np.array(0, np.int32),
-                "skipped": np.array(0, np.int32)}
+        if self.spike_factor is not None and self.size != 1:
+            raise ValueError(f"FirstNonFinite(spike_factor={self.spike_factor}) judges one scalar per step; "
+                             f"{self.fetch!r} has {self.size} entries.")
+        acc = {"step": np.array(-1, np.int32), "value": np.array(0, np.float32), "run": np.array(0, np.int32),
+               "skipped": np.array(0, np.int32)}
+        if self.spike_factor is not None:
+            acc |= {"spike": np.array(0, np.int32), "mean": np.array(0, np.float32),
+                    "weight": np.array(0, np.float32), "seen": np.array(0, np.int32)}
+        return acc
 
     def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
         leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(value)]
         bad_count = sum(jnp.sum(~jnp.isfinite(leaf)).astype(jnp.int32) for leaf in leaves)
         bad = bad_count > 0
         shown = leaves[0].reshape(-1)[0].astype(jnp.float32) if self.size == 1 else bad_count.astype(jnp.float32)
+        new = {}
+        if self.spike_factor is not None:  # an exponential mean of the good values, debiased
+            average = acc["mean"] / jnp.maximum(acc["weight"], 1e-30)
+            spike = ~bad & (acc["seen"] >= self.spike_warmup) & (shown > self.spike_factor * average)
+            good, decay = ~bad & ~spike, self.spike_decay
+            new = {"mean": jnp.where(good, decay * acc["mean"] + (1 - decay) * shown, acc["mean"]),
+                   "weight": jnp.where(good, decay * acc["weight"] + (1 - decay), acc["weight"]),
+                   "seen": acc["seen"] + good.astype(jnp.int32)}
+            bad = bad | spike
         run = jnp.where(bad, acc["run"] + 1, 0)
         fails = bad & (run > self.max_skips) & (acc["step"] < 0)
+        if self.spike_factor is not None:
+            new["spike"] = jnp.where(fails, spike.astype(jnp.int32), acc["spike"])
         return {"step": jnp.where(fails, step, acc["step"]), "value": jnp.where(fails, shown, acc["value"]),
-                "run": run, "skipped": acc["skipped"] + (bad & ~fails & (acc["step"] < 0)).astype(jnp.int32)}
+                "run": run, "skipped": acc["skipped"] + (bad & ~fails & (acc["step"] < 0)).astype(jnp.int32), **new}
 
     def accept(self, acc: Any) -> jax.Array | None:
         if not self.max_skips:
@@ -297,4 +331,5 @@ class FirstNonFinite(Reduction):
     def result(self, acc: Any, steps: int) -> Any:
         step = int(acc["step"])
         value = float(acc["value"]) if self.size == 1 else f"{int(acc['value'])} of {self.size} entries non-finite"
-        return {"step": None if step < 0 else step, "value": value, "skipped": int(acc["skipped"])}
+        spike = {} if self.spike_factor is None else {"spike": bool(acc["spike"])}
+        return {"step": None if step < 0 else step, "value": value, "skipped": int(acc["skipped"]), **spike}

@@ -4,6 +4,7 @@ checkpoint keeps beside it."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -138,6 +139,8 @@ class StateLife:
         self.restored_step, self.windows = restored.step, restored.meta.get("windows")
         self.data_rewound = self._batches.restore(_data_position(restored.meta, restored.step), restored.step,
                                                   recovering is not None)
+        if isinstance(recovering, _errors.RollbackError):
+            self._skip_bad_batches(restored.step, recovering.step)
         if recovering is None:
             saved = restored.meta.get("hooks") or {}
             for (key, hook), legacy in zip(_hook_keys(self._hooks), _legacy_hook_keys(self._hooks), strict=True):
@@ -145,6 +148,21 @@ class StateLife:
                     _set_hook_state(hook, saved[key] if key in saved else saved[legacy])
         logger.info("Restored step %d from %s.", restored.step, self.checkpoint_dir)
         return restored.state
+
+    def _skip_bad_batches(self, restored: int, bad: int) -> None:
+        """After a roll-back to step `restored` for the bad step `bad`: the data moves past
+        the batches of the steps after `restored` through `bad`, named in the log."""
+        if bad <= restored:
+            return
+        if not self.data_rewound:
+            logger.warning("Rolled back to step %d for the bad step %d. The data has no set_state(), so it goes on "
+                           "from where it is, past the batch of step %d.", restored, bad, bad)
+            return
+        positions = self._batches.skip(bad - restored)
+        shown = positions if len(positions) <= 4 else [*positions[:2], "...", positions[-1]]
+        logger.warning("Rolled back to step %d for the bad step %d: the batches of steps %d to %d are skipped "
+                       "(their data positions: %s).", restored, bad, restored + 1, bad,
+                       ", ".join(json.dumps(position) if position != "..." else position for position in shown))
 
     def reject(self, reason: str) -> None:
         """Marks the current state, and every later one until the next `create`, as not

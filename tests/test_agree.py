@@ -16,9 +16,10 @@ from jaxmon._stopping import Preemption, Stopping
 INF = math.inf
 
 
-def peer(stop=0.0, failed=0.0, error_step=-1.0, event=INF, deadline=INF, batches=INF):
-    """A peer's row: [stop, failed, chief's clock (read from process 0's), error step, plan]."""
-    return [stop, failed, 0.0, error_step, event, deadline, batches]
+def peer(stop=0.0, failed=0.0, error_step=-1.0, event=INF, deadline=INF, batches=INF, rollback=0.0):
+    """A peer's row: [stop, failed, chief's clock (read from process 0's), error step, plan,
+    a roll-back]."""
+    return [stop, failed, 0.0, error_step, event, deadline, batches, rollback]
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def peers(monkeypatch):
         row, message, steps = peer(), "", []
 
     def gather(values, step):
-        if values.shape == (7,):
+        if values.shape == (8,):
             Peers.steps.append(step)
             return np.stack([values, np.asarray(Peers.row, np.float64)])
         text = Peers.message.encode().ljust(values.size, b"\0")[:values.size]
@@ -77,7 +78,13 @@ def test_the_batches_a_process_has_ahead_bound_the_next_point_and_none_left_stop
 def test_a_failing_peer_gives_its_process_message_and_its_own_step(peers):
     peers.message = "NanLossDuringTrainingError: NaN loss during training: 'loss' = nan at step 37."
     decision = decide(peers, 101, theirs=peer(failed=1.0, error_step=37.0))
-    assert decision.stop and decision.failure == (1, peers.message, 37)
+    assert decision.stop and decision.failure == (1, peers.message, 37) and decision.rollback is None
+
+
+def test_a_peer_that_rolls_back_makes_every_process_roll_back_past_its_bad_step(peers):
+    peers.message = "RollbackError: NaN loss during training: 'loss' = nan at step 37; rolling back."
+    decision = decide(peers, 40, theirs=peer(failed=1.0, error_step=37.0, rollback=1.0))
+    assert decision.rollback == 37 and decision.failure == (1, peers.message, 37)
 
 
 class FakeBatches:
