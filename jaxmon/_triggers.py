@@ -189,8 +189,8 @@ class Every(SecondOrStepTimer):
         if self._last_time is None:
             self._last_time = self._clock() - (self._waited or 0.0)
             self._waited = None
-            if self._last_step is None:
-                self._last_step = step
+        if self._last_step is None or self._last_step > step:  # after a roll-back, its later triggers never were
+            self._last_step = step
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         if self._last_time is None and self._last_step is not None:  # restored by a hook that never started it

@@ -164,6 +164,14 @@ WORKER = textwrap.dedent('''
         def set_state(self, state):
             self.source.set_state(state)
 
+    class Poisoned(Seen):  # process 1's batch at data position 36 (step 37's) is NaN
+        def __next__(self):
+            position = self.source.get_state()
+            batch = super().__next__()
+            if pid == 1 and position["epoch"] * 4 + position["index"] == 36:
+                batch = {**batch, "x": np.full_like(batch["x"], np.nan)}
+            return batch
+
     def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0):
         """The default set with NanHook, agreeing every 8 steps: no hook of either process
         acts between step 1 and step 100. `chief_stop_at`: the chief's loop asks to stop
@@ -250,6 +258,12 @@ WORKER = textwrap.dedent('''
             # RunCounter comes after the saver: its state in checkpoint N must be N.
             train("train", batches(), hooks=[*jitter, periodic, RunCounter()],
                   chief_only_hooks=[StopAt(30), Sleep(0.03)], extra={"fired": fired})
+        elif scenario == "rollback37":  # process 1's batch of step 37 is NaN: both roll back to 30, past it
+            guard, counts = jm.NanHook("loss", on_nan="rollback"), {}
+            report(scenario, lambda: jm.MonitoredTrainingSession(
+                step_fn, init_fn, data=Poisoned(), mesh=mesh, checkpoint_dir=os.path.join(workdir, scenario),
+                hooks=[guard, jm.StopAtStepHook(last_step=60)], save_summaries_steps=None, save_checkpoint_steps=10,
+                log_step_count_steps=None), lambda sess: counts.update(guard.get_state()["counts"]), extra=counts)
         elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
             train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
         elif scenario == "nan":  # batch 9 (step 10) of process 1 is NaN: the global loss is NaN
@@ -339,7 +353,7 @@ def main_run(tmp_path_factory):
     1 in an eighth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
     the last exit)."""
     scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "stop_loop13",
-                 "stop_hook13", "eod21", "nan37", "slow", "sigterm"]
+                 "stop_hook13", "eod21", "nan37", "rollback37", "slow", "sigterm"]
     workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
@@ -446,6 +460,19 @@ def test_nan_in_one_process_data_raises_on_both_at_one_step(main_run):
     assert jm.latest_checkpoint_step(run) == 5
     restored = jm.restore_checkpoint(run, like=single_device_state())
     assert np.isfinite(np.asarray(restored.state["params"]["w"])).all()
+
+
+def test_a_nan_in_one_process_data_rolls_both_back_together_past_its_batch(main_run):
+    p0, p1 = both(main_run, "rollback37")
+    for result in (p0, p1):
+        assert result["ok"] and result["step"] == 60, result
+        assert result["rollbacks"] == 1 and result["skipped_batches"] == 7 and result["nan_steps"] == 1, result
+        assert np.isfinite(result["w"]).all()
+    assert p0["w"] == p1["w"]  # one state: they rolled back to the same checkpoint and went on in step
+    assert jm.latest_checkpoint_step(main_run.workdir / "rollback37") == 60
+    for i in (0, 1):
+        assert any("Rolled back to step 30 for the bad step 37: the batches of steps 31 to 37 are skipped" in line
+                   for line in main_run.lines[i]), main_run.output(i)
 
 
 def test_end_of_data_on_one_process_stops_both_cleanly(main_run):
