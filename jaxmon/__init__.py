@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         SessionRunHook,
         SessionRunValues,
     )
+    from jaxmon._host_syncs import HostSyncError
     from jaxmon._loaders import ResumableIterator
     from jaxmon._reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
     from jaxmon._session import MonitoredSession
@@ -115,6 +116,7 @@ __all__ = [
     "GlobalStepWaiterHook",
     "Histogram",
     "Hook",
+    "HostSyncError",
     "Image",
     "JsonlWriter",
     "Last",

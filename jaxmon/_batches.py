@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxmon import _loaders
+from jaxmon._host_syncs import HostSyncs
 
 logger = logging.getLogger("jaxmon")
 
@@ -40,6 +41,7 @@ class BatchSource:
       put: how a batch taken ahead goes to the device (a sharded session's
         `place_batch`: this process's part, with the batch sharding); None:
         `jax.device_put`.
+      host_syncs: with `debug_host_syncs`, the guard each batch is taken under.
 
     An iterator the session made (`data` was an iterable, such as a grain dataset or
     DataLoader) is closed with the session, which stops its worker processes; one given
@@ -47,15 +49,18 @@ class BatchSource:
     """
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
-                 prefetch: int = 0, put: Callable[[Any], Any] | None = None):
+                 prefetch: int = 0, put: Callable[[Any], Any] | None = None, host_syncs: HostSyncs | None = None):
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
+        owned = data is not None and self._data is not data
+        if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
+            self._data = host_syncs.iterator(self._data)
         self._kind = type(data).__name__  # a resume without a position names it, once
         self._told_no_position = False
         #: Whether runs take their batches from `data` (else each run is given one).
         self.has_data = self._data is not None
-        self._owned = data is not None and self._data is not data
+        self._owned = owned
         self._put = jax.device_put if put is None else put
         self._steps_per_dispatch = steps_per_dispatch
         self._prefetch = prefetch if steps_per_dispatch == 1 else 0

@@ -156,6 +156,9 @@ def _add_train(commands: Any) -> argparse.ArgumentParser:
                        help="start N processes of this command on this machine, on the CPU, connected as "
                             "several hosts are (see above); 1: a plain run")
     train.add_argument("--quiet", action="store_true", help="log warnings only")
+    train.add_argument("--debug_host_syncs", action="store_true",
+                       help="raise where the data or a hook called on every run reads a device value on the host "
+                            "(session.debug_host_syncs)")
     train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
     cache = train.add_mutually_exclusive_group()
     cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
@@ -270,6 +273,8 @@ def _train(args: argparse.Namespace) -> int:
     with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)
+        if args.debug_host_syncs:
+            config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
     with _cli_signals.loading():

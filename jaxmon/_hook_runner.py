@@ -6,6 +6,7 @@ later. A run's requests are one immutable `RunPlan`; its values come back as one
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +17,7 @@ from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
+from jaxmon._host_syncs import HostSyncError, HostSyncs
 from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
 
@@ -63,6 +65,7 @@ class RunPlan(NamedTuple):
                    tuple(i for i, call in enumerate(calls) if call.fetches is not None))
 
 
+_AS_IS = contextlib.nullcontext()
 #: The plan of a run that every hook sleeps through: no event is called.
 QUIET = RunPlan(None)
 #: A hook's trigger when it must be called on the next run (asked again then).
@@ -99,10 +102,17 @@ class HookRunner:
 
     Args:
       hooks: the session's hooks.
+      host_syncs: with `debug_host_syncs`, the guard the events of the hooks called on
+        every run (no `next_trigger`) run under.
     """
 
-    def __init__(self, hooks: Iterable[Hook] | None):
+    def __init__(self, hooks: Iterable[Hook] | None, host_syncs: HostSyncs | None = None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
+        self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
+        # The hooks between their triggers on every run, and the words of their reads' errors (debug_host_syncs).
+        self._guarded = {} if self._syncs is None else {
+            id(hook): f"in {hook!r}, a hook called on every run (it has no next_trigger)"
+            for hook in self.hooks if schedule_of(hook).next is None}
         # (hook, has a before_run, has an after_run, its schedule, its plain `Call`): a run calls no event that
         # does nothing on it.
         self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook))
@@ -219,7 +229,8 @@ class HookRunner:
             args = None
             if before:
                 try:
-                    args = hook.before_run(ctx)
+                    with self._guard(hook):
+                        args = hook.before_run(ctx)
                     if args is not None:
                         args = _check_run_args(args, hook)
                 except Exception as error:
@@ -305,15 +316,22 @@ class HookRunner:
                 accumulated = read.values(call.hook) if call.read and read is not None else None
                 self._current = call.hook
                 try:
-                    if results[i] is None and accumulated is None:
-                        call.hook.after_run(plan.ctx, plain)
-                    else:
-                        call.hook.after_run(plan.ctx, RunValues(results[i], step, outputs, accumulated))
+                    with self._guard(call.hook):
+                        if results[i] is None and accumulated is None:
+                            call.hook.after_run(plan.ctx, plain)
+                        else:
+                            call.hook.after_run(plan.ctx, RunValues(results[i], step, outputs, accumulated))
                 except Exception as error:
                     self.failed(call.hook, "after_run", step, error)
             self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
+
+    def _guard(self, hook: Hook) -> contextlib.AbstractContextManager:
+        """Where `hook`'s run events run: guarded against host reads with `debug_host_syncs`
+        when it is called on every run, else as they are."""
+        where = self._guarded.get(id(hook)) if self._guarded else None
+        return _AS_IS if where is None else self._syncs.guard(where)
 
     def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
         """Every `after_read` of one read of the accumulators, in list order."""
@@ -343,7 +361,8 @@ class HookRunner:
         unless the hook's policy is to warn and the error is not control flow."""
         if isinstance(error, StopIteration):
             raise error
-        if hook.on_error != "warn" or _errors.is_recoverable(error) or isinstance(error, NanLossDuringTrainingError):
+        if (hook.on_error != "warn" or _errors.is_recoverable(error)
+                or isinstance(error, (NanLossDuringTrainingError, HostSyncError))):
             error.add_note(f"(raised in {hook!r}.{event} at step {step})")
             raise error
         count = self._failures[id(hook)] = self._failures.get(id(hook), 0) + 1

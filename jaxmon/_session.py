@@ -23,6 +23,7 @@ from jaxmon._batches import BatchSource, as_run
 from jaxmon._dispatch import Dispatch
 from jaxmon._hook import Hook
 from jaxmon._hook_runner import HookRunner
+from jaxmon._host_syncs import HostSyncs
 from jaxmon._metrics import Accumulators
 from jaxmon._state_life import Snapshot, StateLife
 from jaxmon._stopping import Preemption, Stopping
@@ -65,6 +66,7 @@ class MonitoredSession:
       max_dispatch_ahead: the most steps queued without a wait ("auto": 16 on several CPU devices, else None).
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
       agree_every_n_steps: with several JAX processes, the most steps between two agreements ("Scaling out").
+      debug_host_syncs: the data or an every-run hook reading a device value raises (README, "Finding a host read").
       watchdog_secs: no step in this long ends the process (exit 76, stacks logged; see the README, "Watchdog");
         watchdog_startup_secs: the same before the first step, while compiling and while closing.
 
@@ -91,12 +93,13 @@ class MonitoredSession:
                  batch_sharding: Any = None, max_dispatch_ahead: int | None | str = "auto",
                  steps_per_dispatch: int = 1, prefetch: int = 2, agree_every_n_steps: int = 16,
                  scan_unroll: int | bool | str = "auto", watchdog_secs: float | None = None,
-                 watchdog_startup_secs: float = 600):
+                 watchdog_startup_secs: float = 600, debug_host_syncs: bool = False):
         _check_arguments(init_fn, state, initial_step, max_recoveries, stop_grace_period_secs, warm_start, mesh,
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
                          scan_unroll, watchdog_secs, watchdog_startup_secs)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        self._runner = HookRunner(hooks)
+        host_syncs = HostSyncs(debug_host_syncs)
+        self._runner = HookRunner(hooks, host_syncs)
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
@@ -104,7 +107,7 @@ class MonitoredSession:
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
-                                    put=placement and placement.place_batch)
+                                    put=placement and placement.place_batch, host_syncs=host_syncs)
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
                                hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
