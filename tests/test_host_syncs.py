@@ -63,8 +63,8 @@ def run(hooks, data=None, steps=8, **kwargs):
 
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
 def test_a_hook_that_reads_a_device_value_every_run_raises_naming_the_hook(on_error):
-    with pytest.raises(jm.HostSyncError, match=r"debug_host_syncs: a device value was read on the host \(__float__ of a "
-                       r"scalar float32 array\) in ReadsEveryRun\(\), a hook called on every run \(it has no "
+    with pytest.raises(jm.HostSyncError, match=r"debug_host_syncs: a device value was read on the host \(__float__ "
+                       r"of a scalar float32 array\) in ReadsEveryRun\(\), a hook called on every run \(it has no "
                        r"next_trigger\)") as raised:
         run([ReadsEveryRun(on_error)], debug_host_syncs=True)
     assert "(raised in ReadsEveryRun().after_run at step 1)" in raised.value.__notes__
