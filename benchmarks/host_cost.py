@@ -25,6 +25,12 @@ B C D A, ...); medians of --rounds rounds:
 - mts_default_k32: the same with `steps_per_dispatch=32` (runs cut to land on the
   100-step triggers: mostly 32 steps, see `steps_per_run`).
 
+Then `trigger_cost`: the default set, k=1, over --trigger_cycles cycles of 100 steps,
+each run timed: the two runs of a trigger (the one ending on step 100n, where the step
+counter, summaries, logging and the NaN read act, and the next, which delivers their
+late values) and the excess of a whole cycle over 100 quiet runs, also in bare jitted
+calls timed between the cycles (a unit that moves with the machine's load).
+
 Reported per variant: main-thread CPU us per run and per step, and the excess over
 bare_jit. For bare_jit, session_no_hooks and mts_default_k1 a run is one step, so the
 two agree. For mts_default_k32 the comparison is per step against the bare loop of
@@ -120,11 +126,53 @@ def cpu_measure(make, warmup: int, steps_per_run: list[float]):
     return measure
 
 
+def trigger_cost(init_fn, step_fn, batch, logdir: str, cycles: int, warmup: int) -> dict[str, float]:
+    """What the default set's triggers cost: main-thread CPU of every run of `cycles`
+    cycles of 100 steps (the runs ending on step 100n, where the step counter, the
+    summaries, the logging and the NaN read act, and the run after it, which delivers
+    their late values), against the median quiet run of the same session and a bare
+    jitted call timed between the cycles (100 calls each time)."""
+    sess = make_session(init_fn, step_fn, batch, logdir, True, 1, stop=False)
+    bare = jax.jit(step_fn, donate_argnums=0)
+    state = init_fn()
+    for _ in range(warmup):
+        sess.run()
+        state, _ = bare(state, batch)
+    sess.sync()
+    jax.block_until_ready((sess.state, state))
+    wait_until_other_threads_idle()
+    runs: dict[int, list[float]] = {}
+    bare_calls: list[float] = []
+    while sess.step % 100 != 2:
+        sess.run()
+    for _ in range(cycles):
+        for _ in range(100):
+            place = (sess.step + 1) % 100
+            start = time.thread_time()
+            sess.run()
+            runs.setdefault(place, []).append(time.thread_time() - start)
+        for _ in range(100):
+            start = time.thread_time()
+            state, _ = bare(state, batch)
+            bare_calls.append(time.thread_time() - start)
+    sess.close()
+    quiet = statistics.median(t for place, times in runs.items() if place not in (0, 1) for t in times)
+    cycle = [sum(runs[place][i] for place in runs) - 100 * quiet for i in range(cycles)]
+    bare_us = statistics.median(bare_calls) * 1e6
+    trigger = statistics.median(cycle) * 1e6
+    return {"bare_call_us": round(bare_us, 2), "quiet_run_us": round(quiet * 1e6, 2),
+            "run_on_step_100n_us": round(statistics.median(runs[0]) * 1e6, 1),
+            "run_after_it_us": round(statistics.median(runs[1]) * 1e6, 1),
+            "trigger_excess_us_per_100_steps": round(trigger, 1),
+            "trigger_excess_in_bare_calls": round(trigger / bare_us, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4000, help="timed steps per variant per round")
     parser.add_argument("--warmup", type=int, default=300, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--trigger_cycles", type=int, default=30, help="cycles of 100 steps for trigger_cost")
     args = parser.parse_args()
     format_logs_into_void()
     init_fn, step_fn, batch = make_scalar_workload()
@@ -157,6 +205,8 @@ def main() -> None:
             k: round(statistics.median(a - b for a, b in zip(t, times["bare_jit"], strict=True)), 2)
             for k, t in times.items()},
     }
+    with tempfile.TemporaryDirectory() as logdir:
+        report["trigger_cost"] = trigger_cost(init_fn, step_fn, batch, logdir, args.trigger_cycles, args.warmup)
     if args.rounds > 1:
         report["quartiles_us_per_step"] = {k: [round(q, 2) for q in statistics.quantiles(v, n=4)]
                                            for k, v in times.items()}

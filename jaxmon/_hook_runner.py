@@ -20,6 +20,7 @@ from jaxmon._host import to_host
 from jaxmon._host_syncs import HostSyncError, HostSyncs
 from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
+from jaxmon._writers import background
 
 logger = logging.getLogger("jaxmon")
 
@@ -206,6 +207,8 @@ class HookRunner:
         """Every awake hook's `before_run` for the run of `length` steps after `step`, as
         one plan; `QUIET` when every hook sleeps past it (see `Hook.next_trigger`) and
         nothing else (`wake`) needs them. `fetches` and `batch` are the caller's."""
+        if background.FAILED:  # a summary write failed on the writer's thread: stop now
+            background.raise_failed_write()
         if not wake and step + length < self._quiet_step:
             for clock, deadline in self._deadlines:
                 if clock() >= deadline:

@@ -597,3 +597,40 @@ def test_a_recovery_during_a_traced_run_does_not_break_the_session(tmp_path):
         jax.profiler.stop_trace()
     finally:
         stop_any_trace()
+
+
+# -- the writer's thread -------------------------------------------------------------------
+
+
+def test_summaries_are_written_on_the_writers_thread_and_on_disk_at_close(tmp_path, monkeypatch):
+    import threading
+
+    from jaxmon._writers.jsonl import JsonlWriter
+
+    threads, write = [], JsonlWriter.write_scalars
+    monkeypatch.setattr(JsonlWriter, "write_scalars",
+                        lambda self, *args: (threads.append(threading.current_thread().name), write(self, *args))[1])
+    run_session([jm.SummarySaverHook(save_steps=2, output_dir=tmp_path)], 6)
+    assert threads and set(threads) == {"jaxmon-writer"}  # the loop only queued them
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 4, 6]
+
+
+def test_a_summary_write_that_fails_on_the_writers_thread_stops_the_next_run(tmp_path, monkeypatch):
+    import time
+
+    from jaxmon._writers.jsonl import JsonlWriter
+
+    def full(self, step, scalars):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(JsonlWriter, "write_scalars", full)
+    hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path)
+    with pytest.raises(OSError, match="No space left on device") as raised:
+        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+            for _ in range(6):
+                sess.run()
+                time.sleep(0.2)  # the writer's thread has written (and failed) before the next run
+    # Step 1's summaries are delivered late, written during run 2; run 3 raised before its step.
+    assert sess.step == 2
+    assert "(raised in" not in "".join(getattr(raised.value, "__notes__", []))  # the writer's, not a hook's

@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
+from jaxmon._writers.background import BackgroundWriter
 from jaxmon._writers.interface import SummaryWriter, restart
 from jaxmon._writers.jsonl import JsonlWriter
 from jaxmon._writers.tensorboard import TensorBoardWriter
@@ -62,8 +63,10 @@ class SummaryWriterCache:
     """One shared writer per directory, so that hooks writing to one `logdir` share one
     event file (TF's `SummaryWriterCache`).
 
-    `get(logdir)` returns a handle on the directory's `default_writer`; closing the
-    handle releases it, and the writer closes when its last handle does.
+    `get(logdir)` returns a handle on the directory's `default_writer`, which writes on
+    a thread of its own (`BackgroundWriter`: the loop only queues; `flush()` waits for
+    the writes); closing the handle releases it, and the writer closes when its last
+    handle does.
 
     Example:
       >>> import tempfile
@@ -83,7 +86,7 @@ class SummaryWriterCache:
         with cls._lock:
             entry = cls._writers.get(key)
             if entry is None:
-                entry = cls._writers[key] = [default_writer(key), 0]
+                entry = cls._writers[key] = [BackgroundWriter(default_writer(key)), 0]
             entry[1] += 1
         return _SharedWriter(key, entry[0], cls._release)
 
@@ -123,7 +126,7 @@ class _SharedWriter(MultiWriter):
       release: called with `key` on the first `close()`: the cache's bookkeeping.
     """
 
-    def __init__(self, key: str, writer: MultiWriter, release: Callable[[str], None]):
+    def __init__(self, key: str, writer: BackgroundWriter, release: Callable[[str], None]):
         super().__init__([writer])
         self.writer, self._key, self._release, self._open = writer, key, release, True
 
