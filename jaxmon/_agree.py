@@ -49,6 +49,7 @@ from jax.experimental import multihost_utils
 
 from jaxmon import _cli_signals
 from jaxmon._errors import RollbackError
+from jaxmon._stragglers import Stragglers
 from jaxmon._triggers import SecondOrStepTimer
 
 logger = logging.getLogger("jaxmon")
@@ -125,6 +126,7 @@ class Decision(NamedTuple):
     failure: tuple[int, str, int] | None  # (process, error, its step) of the first process that failed
     next: int  # the step after whose run the processes agree next
     rollback: int | None = None  # every failure is a NanHook's roll-back: the latest bad step of them
+    hosts: tuple[float, ...] = ()  # every process's host seconds per step since the last agreement
 
 
 class Plan(NamedTuple):
@@ -149,12 +151,13 @@ class Agreement:
         every process until the next one)."""
         return self.time
 
-    def __call__(self, step: int, *, stop: bool, error: BaseException | None, plan: Plan, every: int) -> Decision:
+    def __call__(self, step: int, *, stop: bool, error: BaseException | None, plan: Plan, every: int,
+                 host: float = math.nan) -> Decision:
         chief_time = self._clock() if self.process_index == 0 else 0.0
         error_step = getattr(error, "step", None)
         error_step = error_step if isinstance(error_step, int) and not isinstance(error_step, bool) else step
         flags = np.array([float(stop), float(error is not None), chief_time, error_step, *plan,
-                          float(isinstance(error, RollbackError))], np.float64)
+                          float(isinstance(error, RollbackError)), host], np.float64)
         everyone = _gather(flags, step)
         self.rounds += 1
         self.time = float(everyone[0, 2])
@@ -175,7 +178,7 @@ class Agreement:
                         (step // every + 1) * every, step + float(batches.min()))
         rollback = int(everyone[failed, 3].max()) if failed and everyone[failed, 7].all() else None
         return Decision(bool(stopped_by) or bool(failed), stopped_by, failure, int(max(step + 1, next_step)),
-                        rollback)
+                        rollback, tuple(float(host) for host in everyone[:, 8]))
 
     def all(self, flag: bool, step: int) -> bool:
         """Whether `flag` is True on every process."""
@@ -212,6 +215,8 @@ class AgreedRuns:
                  recreate: Callable[[BaseException], None] | None = None):
         self._agreement = Agreement()
         self._recreate = recreate
+        #: Every process's host time per step, and the reports of a straggler.
+        self.stragglers = Stragglers()
         self._batches, self._runner, self._stopping, self._session = batches, runner, stopping, session
         self.every_n_steps = every_n_steps
         #: The step after whose run the processes agree next (None: before the first run).
@@ -295,7 +300,9 @@ class AgreedRuns:
                 error = error or raised
         event, deadline = self._runner.next_event()
         decision = self._agreed(self._agreement, step, stop=stop or self._stopping.requested, error=error,
-                                plan=Plan(event, deadline, batches), every=self.every_n_steps)
+                                plan=Plan(event, deadline, batches), every=self.every_n_steps,
+                                host=self.stragglers.measure(step))
+        self.stragglers.agreed(step, decision.hosts, getattr(self._session, "summary_dir", None))
         self.next = decision.next
         if decision.rollback is not None:  # every process rolls back together, past the latest bad step of any
             if not isinstance(error, RollbackError):

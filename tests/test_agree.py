@@ -4,6 +4,7 @@ are in test_multiprocess.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -16,10 +17,10 @@ from jaxmon._stopping import Preemption, Stopping
 INF = math.inf
 
 
-def peer(stop=0.0, failed=0.0, error_step=-1.0, event=INF, deadline=INF, batches=INF, rollback=0.0):
+def peer(stop=0.0, failed=0.0, error_step=-1.0, event=INF, deadline=INF, batches=INF, rollback=0.0, host=0.001):
     """A peer's row: [stop, failed, chief's clock (read from process 0's), error step, plan,
-    a roll-back]."""
-    return [stop, failed, 0.0, error_step, event, deadline, batches, rollback]
+    a roll-back, its host seconds per step]."""
+    return [stop, failed, 0.0, error_step, event, deadline, batches, rollback, host]
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def peers(monkeypatch):
         row, message, steps = peer(), "", []
 
     def gather(values, step):
-        if values.shape == (8,):
+        if values.shape == (9,):
             Peers.steps.append(step)
             return np.stack([values, np.asarray(Peers.row, np.float64)])
         text = Peers.message.encode().ljust(values.size, b"\0")[:values.size]
@@ -173,3 +174,30 @@ def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(p
 def test_agree_every_n_steps_must_be_a_positive_int():
     with pytest.raises(ValueError, match="agree_every_n_steps must be an int >= 1; got 0"):
         jm.MonitoredSession(lambda s, b: (s, {}), lambda: np.zeros(()), agree_every_n_steps=0)
+
+
+def test_a_process_slower_than_the_median_at_three_agreements_in_a_row_is_named_once(caplog, tmp_path):
+    from jaxmon._stragglers import Stragglers
+
+    stragglers = Stragglers()
+    with caplog.at_level("WARNING", logger="jaxmon"):
+        for step in range(16, 16 * 8, 16):
+            stragglers.agreed(step, [0.004, 0.004, 0.030, 0.005], summary_dir=str(tmp_path))
+        stragglers.agreed(200, [0.004, 0.004, 0.004, 0.005])  # caught up
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["Process 2 is a straggler: 30.0 ms of host time per step, 6.7x the median of the 4 processes "
+                    "(4.5 ms), at the last 3 agreements up to step 48; the others wait for it."], said
+    jm.SummaryWriterCache.clear()
+    [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == 48 and record["stragglers/slowest_process"] == 2.0
+    assert record["stragglers/process_2_ms_per_step"] == pytest.approx(30.0)
+
+
+def test_noise_below_two_milliseconds_per_step_is_no_straggler(caplog):
+    from jaxmon._stragglers import Stragglers
+
+    stragglers = Stragglers()
+    with caplog.at_level("WARNING", logger="jaxmon"):
+        for step in range(10):
+            stragglers.agreed(step, [0.0001, 0.0009])  # 9x, but only 0.8 ms more
+    assert not caplog.records

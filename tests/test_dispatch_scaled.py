@@ -252,7 +252,7 @@ def test_agreed_runs_of_4_steps_never_cross_an_agreement_point(monkeypatch):
 
     def gather(values, step):  # the peer has a hook acting at step 13 (its plan's event), then none
         agreed_at.append(step)
-        row = [0.0, 0.0, 0.0, -1.0, 13.0 if step < 13 else math.inf, math.inf, math.inf, 0.0]
+        row = [0.0, 0.0, 0.0, -1.0, 13.0 if step < 13 else math.inf, math.inf, math.inf, 0.0, 0.001]
         return np.stack([values, np.asarray(row, np.float64)])
 
     monkeypatch.setattr(_agree, "_gather", gather)

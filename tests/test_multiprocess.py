@@ -172,7 +172,8 @@ WORKER = textwrap.dedent('''
                 batch = {**batch, "x": np.full_like(batch["x"], np.nan)}
             return batch
 
-    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0):
+    def quiet(name, data, *, chief_stop_at=None, chief_only_hooks=(), die_at=None, pause=0.0, agree_every=8,
+              hooks=()):
         """The default set with NanHook, agreeing every 8 steps: no hook of either process
         acts between step 1 and step 100. `chief_stop_at`: the chief's loop asks to stop
         after that step (no hook's trigger); `die_at`: process 1 dies after that step;
@@ -189,8 +190,8 @@ WORKER = textwrap.dedent('''
 
         report(name, lambda: jm.MonitoredTrainingSession(
             step_fn, init_fn, data=data, mesh=mesh, checkpoint_dir=os.path.join(workdir, name),
-            hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=1000)],
-            chief_only_hooks=list(chief_only_hooks), agree_every_n_steps=8), after_run)
+            hooks=[jm.NanHook("loss"), jm.StopAtStepHook(last_step=1000), *hooks],
+            chief_only_hooks=list(chief_only_hooks), agree_every_n_steps=agree_every), after_run)
 
     def slow():
         """A step of tens of milliseconds with a collective (the mean of a batch sharded over
@@ -264,6 +265,9 @@ WORKER = textwrap.dedent('''
                 step_fn, init_fn, data=Poisoned(), mesh=mesh, checkpoint_dir=os.path.join(workdir, scenario),
                 hooks=[guard, jm.StopAtStepHook(last_step=60)], save_summaries_steps=None, save_checkpoint_steps=10,
                 log_step_count_steps=None), lambda sess: counts.update(guard.get_state()["counts"]), extra=counts)
+        elif scenario == "straggler":  # process 1 sleeps 20 ms after each run: its host holds process 0 up
+            quiet(scenario, batches(), chief_only_hooks=[jm.StopAtStepHook(last_step=40)], agree_every=4,
+                  hooks=[Sleep(0.02)] if pid == 1 else [])
         elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
             train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
         elif scenario == "nan":  # batch 9 (step 10) of process 1 is NaN: the global loss is NaN
@@ -353,7 +357,7 @@ def main_run(tmp_path_factory):
     1 in an eighth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
     the last exit)."""
     scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "stop_loop13",
-                 "stop_hook13", "eod21", "nan37", "rollback37", "slow", "sigterm"]
+                 "stop_hook13", "eod21", "nan37", "rollback37", "straggler", "slow", "sigterm"]
     workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
@@ -473,6 +477,17 @@ def test_a_nan_in_one_process_data_rolls_both_back_together_past_its_batch(main_
     for i in (0, 1):
         assert any("Rolled back to step 30 for the bad step 37: the batches of steps 31 to 37 are skipped" in line
                    for line in main_run.lines[i]), main_run.output(i)
+
+
+def test_a_process_whose_host_sleeps_each_step_is_named_a_straggler_on_both(main_run):
+    p0, p1 = both(main_run, "straggler")
+    assert p0["ok"] and p1["ok"] and p0["step"] == p1["step"] == 40
+    for i in (0, 1):
+        said = [line for line in main_run.lines[i] if "is a straggler" in line]
+        assert len(said) == 1 and "Process 1 is a straggler: " in said[0], main_run.output(i)
+    records = [json.loads(line) for line in (main_run.workdir / "straggler" / "metrics.jsonl").read_text().splitlines()]
+    [report] = [r for r in records if "stragglers/slowest_process" in r]
+    assert report["stragglers/slowest_process"] == 1.0 and report["stragglers/process_1_ms_per_step"] > 15
 
 
 def test_end_of_data_on_one_process_stops_both_cleanly(main_run):
