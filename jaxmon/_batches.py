@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,6 +43,7 @@ class BatchSource:
         `place_batch`: this process's part, with the batch sharding); None:
         `jax.device_put`.
       host_syncs: with `debug_host_syncs`, the guard each batch is taken under.
+      spent: the session's seconds by category; taking batches adds to "data".
 
     An iterator the session made (`data` was an iterable, such as a grain dataset or
     DataLoader) is closed with the session, which stops its worker processes; one given
@@ -49,11 +51,13 @@ class BatchSource:
     """
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
-                 prefetch: int = 0, put: Callable[[Any], Any] | None = None, host_syncs: HostSyncs | None = None):
+                 prefetch: int = 0, put: Callable[[Any], Any] | None = None, host_syncs: HostSyncs | None = None,
+                 spent: dict[str, float] | None = None):
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
         owned = data is not None and self._data is not data
+        self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`_goodput.TimeSpent`)
         if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
             self._data = host_syncs.iterator(self._data)
         self._kind = type(data).__name__  # a resume without a position names it, once
@@ -73,7 +77,15 @@ class BatchSource:
     def next(self, step: int, limit: int | None = None) -> Any:
         """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
         next trigger after `step` and `limit` (the most steps the run may take: with
-        several processes, those to their next agreement) allow (a power of two)."""
+        several processes, those to their next agreement) allow (a power of two). Its
+        time goes to the session's `data` clock."""
+        started = time.perf_counter()
+        try:
+            return self._next(step, limit)
+        finally:
+            self._spent["data"] += time.perf_counter() - started
+
+    def _next(self, step: int, limit: int | None) -> Any:
         if self._steps_per_dispatch == 1:
             if not self._prefetch and not self._buffer and self._deferred is None:
                 return next(self._data)

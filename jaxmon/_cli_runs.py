@@ -68,6 +68,7 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         there = os.path.isfile(os.path.join(info["workdir"], "metrics.jsonl"))
         print(f"latest metrics: none ({'no scalar in metrics.jsonl' if there else 'no metrics.jsonl'})")
+    _print_goodput(info["goodput"])
     if info["config"] is not None:
         print("config:")
         for line in json.dumps(info["config"], indent=2, sort_keys=True, default=str).splitlines():
@@ -75,6 +76,20 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         print("config: none saved")
     return 0
+
+
+def _print_goodput(goodput: dict[str, Any] | None) -> None:
+    if goodput is None:
+        print("goodput: none recorded (no goodput.json: jm.GoodputHook writes it)")
+        return
+    seconds = goodput["seconds"]
+    wall = sum(seconds.values())
+    share = (lambda secs: secs / wall) if wall > 0 else (lambda secs: 0.0)
+    processes = goodput["processes"]
+    print(f"goodput: {share(seconds.get('productive', 0.0)):.1%} productive of {wall:.1f} s, over the run's whole "
+          f"life ({processes} process{'es' if processes != 1 else ''}, one after the other):")
+    for category, secs in seconds.items():
+        print(f"  {shown(category):<11} {secs:10.2f} s  {share(secs):6.1%}")
 
 
 def run_info(workdir: str) -> dict[str, Any]:
@@ -95,12 +110,28 @@ def run_info(workdir: str) -> dict[str, Any]:
     metrics: dict[str, tuple[int, float]] = {}
     for record in _records(os.path.join(workdir, "metrics.jsonl")):
         for tag, value in record.items():
-            if tag not in ("step", "wall_time") and _is_number(value) and math.isfinite(value):
+            if (tag not in ("step", "wall_time") and not tag.startswith("goodput/") and _is_number(value)
+                    and math.isfinite(value)):  # goodput has its own section
                 metrics[tag] = (record["step"], value)
     config = None
     if checkpoints:
         config = (read_meta(os.path.join(workdir, str(checkpoints[-1]["step"]))) or {}).get("config")
-    return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config}
+    return {"workdir": workdir, "checkpoints": checkpoints, "metrics": metrics, "config": config,
+            "goodput": goodput_of(workdir)}
+
+
+def goodput_of(workdir: str) -> dict[str, Any] | None:
+    """The run's seconds by category over its whole life, from `goodput.json` (written by
+    `jm.GoodputHook`): `{"processes": n, "seconds": {category: secs}}`; None without it."""
+    try:
+        with open(os.path.join(workdir, "goodput.json"), encoding="utf-8") as file:
+            record = json.load(file)
+        before, spent = record["before"], record["process"]["spent"]
+        seconds = {category: float(before.get(category, 0.0)) + float(spent.get(category, 0.0))
+                   for category in {**before, **spent}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {"processes": int(record.get("processes", 1)), "seconds": seconds}
 
 
 def _best_metric(path: str) -> dict[str, Any]:

@@ -40,7 +40,8 @@ class Dispatch:
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
                  max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
-                 steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto"):
+                 steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto",
+                 spent: dict[str, float] | None = None):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
@@ -49,7 +50,7 @@ class Dispatch:
         self._accumulators = accumulators if accumulators is not None and accumulators.active else None
         self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
                                       accumulate=self._accumulators and self._accumulators.update,
-                                      unroll=scan_unroll)
+                                      unroll=scan_unroll, spent=spent)
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()

@@ -9,12 +9,14 @@ import collections
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from jaxmon import _errors
 from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
+from jaxmon._goodput import category_of
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
 from jaxmon._host_syncs import HostSyncError, HostSyncs
@@ -105,10 +107,16 @@ class HookRunner:
       hooks: the session's hooks.
       host_syncs: with `debug_host_syncs`, the guard the events of the hooks called on
         every run (no `next_trigger`) run under.
+      spent: the session's seconds by category: each hook's events add to its own.
     """
 
-    def __init__(self, hooks: Iterable[Hook] | None, host_syncs: HostSyncs | None = None):
+    def __init__(self, hooks: Iterable[Hook] | None, host_syncs: HostSyncs | None = None,
+                 spent: dict[str, float] | None = None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
+        # The session's seconds by category (`_goodput`), and the category of each hook's time.
+        self._spent = spent
+        self._categories = {} if spent is None else {id(hook): category_of(hook) for hook in self.hooks}
+        self._timing = False  # an event is being timed
         self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
         # The hooks between their triggers on every run, and the words of their reads' errors (debug_host_syncs).
         self._guarded = {} if self._syncs is None else {
@@ -148,11 +156,13 @@ class HookRunner:
         outer = self._open()
         try:
             for hook in self.hooks:
-                self._current = hook
+                self._current, started = hook, self._start()
                 try:
                     getattr(hook, event)(*args)
                 except Exception as error:
                     self.failed(hook, event, step, error)
+                finally:
+                    self._took(hook, started)
             self._run_later(event, step)
         finally:
             self._later, self._current = outer
@@ -176,13 +186,15 @@ class HookRunner:
     def _run_later(self, event: str, step: int) -> None:
         while self._later:
             hook, fn = self._later.pop(0)
-            self._current = hook
+            self._current, started = hook, self._start()
             try:
                 fn()
             except Exception as error:
                 if hook is None:
                     raise
                 self.failed(hook, event, step, error)
+            finally:
+                self._took(hook, started)
 
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
@@ -231,6 +243,7 @@ class HookRunner:
                     continue
             args = None
             if before:
+                started = self._start()
                 try:
                     with self._guard(hook):
                         args = hook.before_run(ctx)
@@ -239,6 +252,8 @@ class HookRunner:
                 except Exception as error:
                     self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
                     continue
+                finally:
+                    self._took(hook, started)
             if args is None:
                 if after:
                     now.append(len(calls))
@@ -317,7 +332,7 @@ class HookRunner:
             for i in indices:
                 call = plan.calls[i]
                 accumulated = read.values(call.hook) if call.read and read is not None else None
-                self._current = call.hook
+                self._current, started = call.hook, self._start()
                 try:
                     with self._guard(call.hook):
                         if results[i] is None and accumulated is None:
@@ -326,9 +341,26 @@ class HookRunner:
                             call.hook.after_run(plan.ctx, RunValues(results[i], step, outputs, accumulated))
                 except Exception as error:
                     self.failed(call.hook, "after_run", step, error)
+                finally:
+                    self._took(call.hook, started)
             self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
+
+    def _start(self) -> float | None:
+        """When a hook's event starts (None: not timed, or inside another timed event,
+        such as a save's `sync()` delivering late hooks: it counts as the outer one's)."""
+        if self._spent is None or self._timing:
+            return None
+        self._timing = True
+        return time.perf_counter()
+
+    def _took(self, hook: Hook | None, started: float | None) -> None:
+        """A hook's event begun at `started` ends: its time goes to `hook`'s category."""
+        if started is not None:
+            self._timing = False
+            if hook is not None:
+                self._spent[self._categories[id(hook)]] += time.perf_counter() - started
 
     def _guard(self, hook: Hook) -> contextlib.AbstractContextManager:
         """Where `hook`'s run events run: guarded against host reads with `debug_host_syncs`
@@ -339,10 +371,13 @@ class HookRunner:
     def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
         """Every `after_read` of one read of the accumulators, in list order."""
         for hook, hook_values in values:
+            started = self._start()
             try:
                 hook.after_read(step, hook_values)
             except Exception as error:
                 self.failed(hook, "after_read", step, error)
+            finally:
+                self._took(hook, started)
 
     def close(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""

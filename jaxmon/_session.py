@@ -21,6 +21,7 @@ import jax
 from jaxmon import _agree, _checkpoint, _errors, _fetches, _scan_unroll, _sharding
 from jaxmon._batches import BatchSource, as_run
 from jaxmon._dispatch import Dispatch
+from jaxmon._goodput import TimeSpent
 from jaxmon._hook import Hook
 from jaxmon._hook_runner import HookRunner
 from jaxmon._host_syncs import HostSyncs
@@ -98,20 +99,22 @@ class MonitoredSession:
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
                          scan_unroll, watchdog_secs, watchdog_startup_secs)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        host_syncs = HostSyncs(debug_host_syncs)
-        self._runner = HookRunner(hooks, host_syncs)
+        host_syncs, self._spent = HostSyncs(debug_host_syncs), TimeSpent()
+        self._runner = HookRunner(hooks, host_syncs, self._spent.secs)
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
-                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll)
+                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,
+                                  spent=self._spent.secs)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
-                                    put=placement and placement.place_batch, host_syncs=host_syncs)
+                                    put=placement and placement.place_batch, host_syncs=host_syncs,
+                                    spent=self._spent.secs)
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
                                hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
-                               max_recoveries=max_recoveries, donate_state=donate_state)
+                               max_recoveries=max_recoveries, donate_state=donate_state, spent=self._spent.secs)
         self._state, self._step, self._closed = None, initial_step, False
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
@@ -208,6 +211,11 @@ class MonitoredSession:
         self._dispatch.keep_on_mesh(state)
         self._accumulators.start(step, self._life.windows)
         self._runner.after_create_session(self)
+
+    @property
+    def time_spent(self) -> TimeSpent:
+        """Where this session's wall time went, by category (`jm.GoodputHook` reports it)."""
+        return self._spent
 
     @property
     def restored_step(self) -> int | None:

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -56,7 +57,8 @@ class StateLife:
                  checkpoint_dir: str | os.PathLike | None, warm_start: Any, initial_step: int,
                  config: Mapping[str, Any] | None,
                  hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int,
-                 donate_state: bool = True):
+                 donate_state: bool = True, spent: dict[str, float] | None = None):
+        self._spent = {"restore": 0.0} if spent is None else spent  # seconds by category (`_goodput`)
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:
@@ -93,7 +95,12 @@ class StateLife:
         """
         for attempt in itertools.count(1):
             try:
-                ready(*self._restore_or_init(recovering))
+                started = time.perf_counter()
+                try:
+                    made = self._restore_or_init(recovering)
+                finally:
+                    self._spent["restore"] += time.perf_counter() - started
+                ready(*made)
                 return
             except Exception as error:
                 if recovering is not None and isinstance(error, _StateGone):

@@ -113,8 +113,10 @@ class CompiledStep:
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
-                 accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1):
+                 accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1,
+                 spent: dict[str, float] | None = None):
         check_step_fn(step_fn)
+        self._spent = {"compile": 0.0} if spent is None else spent  # seconds by category (`_goodput`)
         self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
@@ -193,9 +195,11 @@ class CompiledStep:
         ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
         started = time.perf_counter()
         result = variant(*arguments)
+        took = time.perf_counter() - started
+        self._spent["compile"] += took
         compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
                          "up to "[:len(arguments) == 4 and 6], length, "s"[:length != 1], len(key),
-                         "s"[:len(key) != 1], time.perf_counter() - started)
+                         "s"[:len(key) != 1], took)
         if ahead:
             self._compile_ahead(key, owners, ahead, batch, length, listed)
             if key:

@@ -14,7 +14,7 @@ from jaxmon import _errors
 from jaxmon._hook import Hook
 from jaxmon._session import MonitoredSession
 from jaxmon._writers import SummaryWriterCache
-from jaxmon.hooks import CheckpointSaverHook, StepCounterHook, SummarySaverHook
+from jaxmon.hooks import CheckpointSaverHook, GoodputHook, StepCounterHook, SummarySaverHook
 
 #: TF's `USE_DEFAULT`: an argument not given, as opposed to one given as None.
 USE_DEFAULT: Any = type("UseDefault", (), {"__repr__": lambda self: "USE_DEFAULT"})()
@@ -26,7 +26,8 @@ class MonitoredTrainingSession(MonitoredSession):
 
     On the chief (by default `jax.process_index() == 0`) the hooks are, in TF's order:
     `chief_only_hooks`, then a `StepCounterHook` (every `log_step_count_steps`) and a
-    `SummarySaverHook` writing into `summary_dir`, then a `CheckpointSaverHook`
+    `SummarySaverHook` writing into `summary_dir` (with a `GoodputHook` at its cadence:
+    where the run's time went), then a `CheckpointSaverHook`
     into `checkpoint_dir`, then `hooks`. Other processes get `hooks` only, plus the
     `CheckpointSaverHook` when there are several JAX processes (Orbax saves
     collectively; process 0 writes the metadata). Every process restores the latest
@@ -128,6 +129,8 @@ class MonitoredTrainingSession(MonitoredSession):
                 if save_summaries_steps or save_summaries_secs:
                     standard.append(SummarySaverHook(save_steps=save_summaries_steps, save_secs=save_summaries_secs,
                                                      output_dir=summary_dir))
+                    standard.append(GoodputHook(output_dir=summary_dir, every_n_steps=save_summaries_steps,
+                                                every_n_secs=save_summaries_secs))
         elif jax.process_count() > 1:  # every process compiles the same step: the chief's accumulators, unread
             chief = list(() if chief_only_hooks is None else chief_only_hooks)
             if summary_dir is not None and (save_summaries_steps or save_summaries_secs):

@@ -55,6 +55,9 @@ CASES = {
     "GlobalStepWaiterHook": (lambda d: jm.GlobalStepWaiterHook(0), [
         ({"wait_until_step": 1.5}, ValueError), ({"wait_until_step": 1, "timeout_secs": -1}, ValueError),
         ({"wait_until_step": 1, "watch": 3}, TypeError)]),
+    "GoodputHook": (lambda d: jm.GoodputHook(output_dir=d, every_n_steps=2), [
+        ({}, ValueError), ({"output_dir": "x", "summary_writer": object()}, ValueError),
+        ({"output_dir": "x", "every_n_steps": 1, "every_n_secs": 1}, ValueError)]),
     "ProfilerHook": (lambda d: jm.ProfilerHook(save_steps=3, output_dir=d), [
         ({"output_dir": "x"}, ValueError), ({"save_steps": 1}, ValueError),
         ({"save_steps": 1, "save_secs": 1, "output_dir": "x"}, ValueError)]),

@@ -5,6 +5,7 @@ from jaxmon.hooks._early_stopping import EarlyStoppingHook
 from jaxmon.hooks._eval import EvalHook
 from jaxmon.hooks._feed import FeedFnHook
 from jaxmon.hooks._final_ops import FinalOpsHook
+from jaxmon.hooks._goodput import GoodputHook
 from jaxmon.hooks._logging import LoggingHook, LoggingTensorHook
 from jaxmon.hooks._nan import NanHook, NanTensorHook
 from jaxmon.hooks._periodic import PeriodicHook
@@ -23,6 +24,7 @@ __all__ = [
     "FeedFnHook",
     "FinalOpsHook",
     "GlobalStepWaiterHook",
+    "GoodputHook",
     "Histogram",
     "Image",
     "LoggingHook",

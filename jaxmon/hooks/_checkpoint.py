@@ -93,6 +93,8 @@ class CheckpointSaverHook(TimedHook):
       >>> hook = jm.CheckpointSaverHook("runs/train", save_steps=1000, max_to_keep=3)
     """
 
+    time_category = "checkpoint"  # where its time goes in the session's goodput (`jm.GoodputHook`)
+
 
     def __init__(self, checkpoint_dir: str | os.PathLike, save_secs: float | None = None,
                  save_steps: int | None = None, listeners: Iterable[CheckpointSaverListener] = (), *,

@@ -68,6 +68,8 @@ class EvalHook(TimedHook):
       ...                    metrics={"loss": jm.Ratio("loss_sum", "count")})
     """
 
+    time_category = "evaluation"  # where its time goes in the session's goodput (`jm.GoodputHook`)
+
     def __init__(self, eval_fn: Callable[[Any, Any], dict[str, Any]], data: Iterable[Any] | Callable[[], Iterable],
                  every_n_steps: int | None = None, every_n_secs: float | None = None, summary_writer: Any = None,
                  *, output_dir: str | os.PathLike | None = None, metrics: Mapping[str, Reduction] | None = None,

@@ -1,0 +1,211 @@
+"""GoodputHook: where a run's wall time went, over its whole life, restarts included."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxmon._errors import check_on_error
+from jaxmon._goodput import CATEGORIES
+from jaxmon._hook import RunContext, RunValues
+from jaxmon._triggers import Trigger, timer_for
+from jaxmon._writers.slot import WriterSlot
+from jaxmon.hooks._timed import TimedHook
+
+logger = logging.getLogger("jaxmon")
+
+#: The file in `output_dir` that carries the breakdown from one process of a run to the next.
+FILE = "goodput.json"
+#: The categories a redone step's time was spent in, and is taken from when it is lost.
+_STEP_TIME = ("productive", "data", "hooks")
+
+
+class GoodputHook(TimedHook):
+    """Where the run's wall time went, every second in one category, over the run's whole
+    life: every process that trained it, restarts included (local; no cloud service).
+
+    Categories (seconds): `productive` (dispatching steps and waiting for the device),
+    `compile` (the step's compilations), `restore` (building or restoring the state),
+    `checkpoint` (the saver's blocking time: snapshot, host copy, the last save's wait),
+    `data` (waiting for the data iterator), `evaluation` (`EvalHook`s), `hooks` (every
+    other hook's host time), `lost` (the time of steps a restart or roll-back redid: a
+    resumed run knows how far the process before got) and `idle` (between two processes
+    of the run). Written as `goodput/<category>` and `goodput/goodput` (productive over
+    all) summaries every `every_n_steps` steps or `every_n_secs` seconds and at close,
+    and into `output_dir/goodput.json`, which the next process of the run reads;
+    `jaxmon inspect RUN` prints it. The checkpoint keeps the totals too.
+
+    Args:
+      output_dir: the run's directory (its summaries and `goodput.json`); or
+        summary_writer: a writer (then no `goodput.json`: restarts start from the
+        checkpoint's totals, with no lost or idle time).
+      every_n_steps, every_n_secs: how often the breakdown is written.
+
+    Example:
+      >>> import jaxmon as jm
+      >>> hook = jm.GoodputHook(output_dir="runs/example", every_n_steps=100)
+    """
+
+    def __init__(self, output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
+                 every_n_steps: int | None = 100, every_n_secs: float | None = None, on_error: str = "warn",
+                 clock: Callable[[], float] = time.monotonic):
+        self.timer = timer_for("GoodputHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        self._slot = WriterSlot("GoodputHook", output_dir, summary_writer, required=True)
+        self._path = None if output_dir is None else os.path.join(os.fspath(output_dir), FILE)
+        self.on_error = check_on_error("GoodputHook", on_error)
+        self._session: Any = None
+        self._before = dict.fromkeys(CATEGORIES, 0.0)  # the run's earlier processes
+        self._checkpointed: dict[str, float] | None = None  # the totals a restored checkpoint holds
+        self._start_step = self._last_step = 0
+        self._redone_steps, self._lost = 0, 0.0  # steps this session ran twice (recoveries, roll-backs)
+        self._written: int | None = None  # the step of the last summaries
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None  # writes goodput.json off the loop
+        self._file: concurrent.futures.Future | None = None  # the last write of goodput.json
+        self._processes = 1  # how many processes (one after the other) the run has had, this one included
+
+    def begin(self) -> None:
+        self._session, self._redone_steps, self._lost = None, 0, 0.0
+        self._slot.open()
+
+    def after_create_session(self, session) -> None:
+        self._slot.restarted(session)
+        if self._session is None:  # this process's first state: the earlier processes' time
+            self._session = session
+            self._start_step, self._written = session.step, session.restored_step  # its records are on disk
+            self._before = self._earlier(session.restored_step, session.time_spent.start)
+        elif session.step < self._last_step:  # a recovery or roll-back: the steps after it are run again
+            self._lost += (self._last_step - session.step) * self._secs_per_step()
+            self._redone_steps += self._last_step - session.step
+        self._last_step = session.step
+        self.timer.start(session.step)
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return self.timer.next_trigger(step)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        self._last_step = values.step
+        if self.timer.should_trigger_for_step(values.step):
+            self.timer.update_last_triggered_step(values.step)
+            self._write(values.step)
+
+    def end(self, session) -> None:
+        self._last_step = session.step
+
+    def close(self) -> None:  # after every hook's `end` (the last save's wait included), also after an error
+        try:
+            if self._session is not None and self._slot.writer is not None:
+                self._last_step = self._session.step
+                self._write(self._session.step)
+            if self._file is not None:
+                self._file.result()  # on disk before the process may end
+        except Exception as error:
+            logger.warning("GoodputHook: writing the last breakdown failed: %r", error)
+        finally:
+            writer, self._writer, self._file = self._writer, None, None
+            if writer is not None:
+                writer.shutdown(wait=True)
+            self._slot.close()
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "goodput": self.totals()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._checkpointed = state.get("goodput")
+
+    def spent(self) -> dict[str, float]:
+        """This process's seconds by category (its redone steps' time as lost)."""
+        spent = self._session.time_spent.breakdown() if self._session is not None else dict.fromkeys(CATEGORIES, 0.0)
+        return _moved_to_lost(spent, self._lost)
+
+    def totals(self) -> dict[str, float]:
+        """The run's seconds by category, over every process of it so far (before a
+        session: what `set_state` gave)."""
+        if self._session is None and self._checkpointed is not None:
+            return dict(self._checkpointed)
+        spent = self.spent()
+        return {category: self._before[category] + spent[category] for category in CATEGORIES}
+
+    def _secs_per_step(self) -> float:
+        steps = self._last_step - self._start_step + self._redone_steps
+        spent = self.spent()
+        return sum(spent[k] for k in _STEP_TIME) / steps if steps > 0 else 0.0
+
+    def _write(self, step: int) -> None:
+        """The breakdown as summaries of `step` (once per step: a step's record is never
+        written twice) and into `goodput.json` (every time)."""
+        totals = self.totals()
+        if step != self._written:
+            self._written = step
+            wall = sum(totals.values())
+            scalars = {f"goodput/{category}": secs for category, secs in totals.items()}
+            scalars["goodput/goodput"] = totals["productive"] / wall if wall > 0 else 0.0
+            self._slot.writer.write_scalars(step, scalars)
+        if self._path is not None and self._session is not None:
+            record = {"processes": self._processes, "before": self._before, "process": {
+                "start": self._session.time_spent.start, "updated": time.time(), "first_step": self._start_step,
+                "last_step": self._last_step, "steps_run": self._last_step - self._start_step + self._redone_steps,
+                "spent": self.spent()}}
+            if self._file is not None and self._file.done():
+                self._file.result()  # the last write's error, if it failed
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxmon-goodput")
+            self._file = self._writer.submit(_write_json, self._path, record)  # off the loop's thread
+
+    def _earlier(self, restored: int | None, start: float) -> dict[str, float]:
+        """The seconds of the run's processes before this one, by category: the last one's
+        steps after `restored` (the step this one resumed from) are lost, and the time
+        between its last record and this process's `start` is idle."""
+        record = _read_json(self._path) if self._path is not None else None
+        if record is None:  # no file: the checkpoint's totals, if resumed from one
+            return {**dict.fromkeys(CATEGORIES, 0.0), **(self._checkpointed or {})} if restored is not None else \
+                dict.fromkeys(CATEGORIES, 0.0)
+        self._processes = int(record.get("processes", 0)) + 1
+        before = {**dict.fromkeys(CATEGORIES, 0.0), **record.get("before", {})}
+        last = record.get("process") or {}
+        spent = {**dict.fromkeys(CATEGORIES, 0.0), **last.get("spent", {})}
+        redone = last.get("last_step", 0) - (restored if restored is not None else last.get("first_step", 0))
+        steps = last.get("steps_run", 0)
+        if redone > 0 and steps > 0:
+            spent = _moved_to_lost(spent, sum(spent[k] for k in _STEP_TIME) * min(redone, steps) / steps)
+        spent["idle"] += max(0.0, start - last.get("updated", start))
+        return {category: before[category] + spent[category] for category in CATEGORIES}
+
+    def __repr__(self) -> str:
+        return f"GoodputHook({self.timer!r})"
+
+
+def _moved_to_lost(spent: Mapping[str, float], lost: float) -> dict[str, float]:
+    """`spent` with `lost` seconds taken from the step categories, in proportion, into `lost`."""
+    spent = dict(spent)
+    pool = sum(spent[k] for k in _STEP_TIME)
+    lost = min(lost, pool)
+    if lost > 0:
+        for k in _STEP_TIME:
+            spent[k] -= lost * spent[k] / pool
+        spent["lost"] += lost
+    return spent
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        logger.warning("GoodputHook: %s is unreadable (%s); the run's earlier time is not counted.", path, error)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _write_json(path: str, record: dict[str, Any]) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+    os.replace(temporary, path)  # a reader never sees half a file
