@@ -172,7 +172,7 @@ def _plot(args: argparse.Namespace) -> int:
                                      "with a checkpoint or summary dir)")
             print(f"jaxmon plot: no metrics.jsonl in {workdir!r}, {why}.", file=sys.stderr)
             return 2
-        series = read_series(path)
+        series = read_series(path, goodput=bool(args.tags))  # asked for by name, the goodput seconds too
         if args.tags:
             missing = sorted(set(args.tags) - set(series))
             if missing:
@@ -227,12 +227,13 @@ def _out_path(out: str | None, workdirs: list[str]) -> str:
     return out
 
 
-def read_series(path: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`."""
+def read_series(path: str, goodput: bool = False) -> dict[str, tuple[list[int], list[float]]]:
+    """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`; the `goodput/*` seconds
+    only with `goodput` (`jaxmon inspect` shows them as a table)."""
     series: dict[str, tuple[list[int], list[float]]] = {}
     for record in _records(path):
         for tag, value in record.items():
-            if tag not in ("step", "wall_time") and _is_number(value):
+            if tag not in ("step", "wall_time") and _is_number(value) and (goodput or not tag.startswith("goodput/")):
                 steps, values = series.setdefault(tag, ([], []))
                 steps.append(record["step"])
                 values.append(value)

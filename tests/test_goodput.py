@@ -55,9 +55,10 @@ SCRIPT = textwrap.dedent(f"""
 
     class Crash(jm.Hook):
         def after_run(self, run_context, run_values):
-            if run_values.step == crash_at:
+            if run_values.step == crash_at:  # after the breakdown of this step was recorded
                 print("CRASH", time.time(), flush=True)
-                os._exit(3)
+                time.sleep(0.5)  # the record is written off the loop: let it land (a crash between two records
+                os._exit(3)      # leaves the steps after the last one to the idle time between the processes)
 
     hooks = [jm.EvalHook(eval_fn, SleepyEval(), every_n_steps=20), jm.StopAtStepHook(last_step=60), Crash()]
     with jm.MonitoredTrainingSession(step_fn, state=jnp.zeros(()), data=Slow(), checkpoint_dir=workdir,
