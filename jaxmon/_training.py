@@ -129,8 +129,9 @@ class MonitoredTrainingSession(MonitoredSession):
                 if save_summaries_steps or save_summaries_secs:
                     standard.append(SummarySaverHook(save_steps=save_summaries_steps, save_secs=save_summaries_secs,
                                                      output_dir=summary_dir))
-                    standard.append(GoodputHook(output_dir=summary_dir, every_n_steps=save_summaries_steps,
-                                                every_n_secs=save_summaries_secs))
+                    if not any(isinstance(hook, GoodputHook) for hook in hooks):  # yours replaces it
+                        standard.append(GoodputHook(output_dir=summary_dir, every_n_steps=save_summaries_steps,
+                                                    every_n_secs=save_summaries_secs))
         elif jax.process_count() > 1:  # every process compiles the same step: the chief's accumulators, unread
             chief = list(() if chief_only_hooks is None else chief_only_hooks)
             if summary_dir is not None and (save_summaries_steps or save_summaries_secs):

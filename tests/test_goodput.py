@@ -17,7 +17,7 @@ import jaxmon as jm
 
 pytestmark = pytest.mark.processes
 
-DATA_SECS, EVAL_SECS = 0.05, 0.3  # per batch of data; per evaluation batch (two per evaluation)
+DATA_SECS, EVAL_SECS = 0.1, 0.3  # per batch of data; per evaluation batch (two per evaluation)
 
 SCRIPT = textwrap.dedent(f"""
     import os, sys, time
@@ -60,7 +60,9 @@ SCRIPT = textwrap.dedent(f"""
                 time.sleep(0.5)  # the record is written off the loop: let it land (a crash between two records
                 os._exit(3)      # leaves the steps after the last one to the idle time between the processes)
 
-    hooks = [jm.EvalHook(eval_fn, SleepyEval(), every_n_steps=20), jm.StopAtStepHook(last_step=60), Crash()]
+    hooks = [jm.EvalHook(eval_fn, SleepyEval(), every_n_steps=20), jm.StopAtStepHook(last_step=60),
+             jm.GoodputHook(output_dir=workdir, every_n_steps=5, record_every_secs=0),  # replaces the standard one
+             Crash()]
     with jm.MonitoredTrainingSession(step_fn, state=jnp.zeros(()), data=Slow(), checkpoint_dir=workdir,
                                      save_checkpoint_steps=10, save_summaries_steps=5, log_step_count_steps=None,
                                      prefetch=0, hooks=hooks) as sess:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxmon._errors import check_on_error
+from jaxmon._errors import check_number, check_on_error
 from jaxmon._goodput import CATEGORIES
 from jaxmon._hook import RunContext, RunValues
 from jaxmon._triggers import Trigger, timer_for
@@ -44,7 +45,9 @@ class GoodputHook(TimedHook):
       output_dir: the run's directory (its summaries and `goodput.json`); or
         summary_writer: a writer (then no `goodput.json`: restarts start from the
         checkpoint's totals, with no lost or idle time).
-      every_n_steps, every_n_secs: how often the breakdown is written.
+      every_n_steps, every_n_secs: how often the breakdown is written as summaries.
+      record_every_secs: the least time between two writes of `goodput.json` (and at
+        close): a process killed later counts the steps after its last record as idle.
 
     Example:
       >>> import jaxmon as jm
@@ -52,11 +55,13 @@ class GoodputHook(TimedHook):
     """
 
     def __init__(self, output_dir: str | os.PathLike | None = None, summary_writer: Any = None, *,
-                 every_n_steps: int | None = 100, every_n_secs: float | None = None, on_error: str = "warn",
-                 clock: Callable[[], float] = time.monotonic):
+                 every_n_steps: int | None = 100, every_n_secs: float | None = None, record_every_secs: float = 10.0,
+                 on_error: str = "warn", clock: Callable[[], float] = time.monotonic):
         self.timer = timer_for("GoodputHook", clock, every_n_steps=every_n_steps, every_n_secs=every_n_secs)
         self._slot = WriterSlot("GoodputHook", output_dir, summary_writer, required=True)
         self._path = None if output_dir is None else os.path.join(os.fspath(output_dir), FILE)
+        check_number("GoodputHook record_every_secs", record_every_secs)
+        self.record_every_secs, self._recorded = record_every_secs, -math.inf  # goodput.json: when last written
         self.on_error = check_on_error("GoodputHook", on_error)
         self._session: Any = None
         self._before = dict.fromkeys(CATEGORIES, 0.0)  # the run's earlier processes
@@ -100,7 +105,7 @@ class GoodputHook(TimedHook):
         try:
             if self._session is not None and self._slot.writer is not None:
                 self._last_step = self._session.step
-                self._write(self._session.step)
+                self._write(self._session.step, last=True)
             if self._file is not None:
                 self._file.result()  # on disk before the process may end
         except Exception as error:
@@ -136,9 +141,10 @@ class GoodputHook(TimedHook):
         spent = self.spent()
         return sum(spent[k] for k in _STEP_TIME) / steps if steps > 0 else 0.0
 
-    def _write(self, step: int) -> None:
+    def _write(self, step: int, last: bool = False) -> None:
         """The breakdown as summaries of `step` (once per step: a step's record is never
-        written twice) and into `goodput.json` (every time)."""
+        written twice) and into `goodput.json` (at most every `record_every_secs`, and
+        the `last` time)."""
         totals = self.totals()
         if step != self._written:
             self._written = step
@@ -146,7 +152,10 @@ class GoodputHook(TimedHook):
             scalars = {f"goodput/{category}": secs for category, secs in totals.items()}
             scalars["goodput/goodput"] = totals["productive"] / wall if wall > 0 else 0.0
             self._slot.writer.write_scalars(step, scalars)
-        if self._path is not None and self._session is not None:
+        now = time.monotonic()
+        due = last or now - self._recorded >= self.record_every_secs
+        if self._path is not None and self._session is not None and due:
+            self._recorded = now
             record = {"processes": self._processes, "before": self._before, "process": {
                 "start": self._session.time_spent.start, "updated": time.time(), "first_step": self._start_step,
                 "last_step": self._last_step, "steps_run": self._last_step - self._start_step + self._redone_steps,
