@@ -240,14 +240,16 @@ class AgreedRuns:
         step is an agreement point (before the first run, one more). A roll-back agreed
         there (`RollbackError`) re-creates the state on every process (`recreate`), which
         then agree again and run."""
-        try:
-            return self._run(run_once, batch)
-        except RollbackError as error:
-            if self._recreate is None:
-                raise
-            self._recreate(error)
-            self.next = None
-            return self._run(run_once, None if self._batches.has_data else batch)
+        while True:
+            try:
+                return self._run(run_once, batch)
+            except RollbackError as error:
+                if self._recreate is None or not getattr(error, "agreed", False):
+                    raise  # not agreed by every process: raised as the NaN it is
+                self._stopping.rolled_back()
+                self._recreate(error)
+                self.next = None
+                batch = None if self._batches.has_data else batch
 
     def _run(self, run_once: Callable[[Any], Any], batch: Any) -> Any:
         if self.next is None:
@@ -295,7 +297,7 @@ class AgreedRuns:
         batches = math.inf
         if self._batches.has_data and not closing:
             try:
-                batches = self._batches.fill(self.every_n_steps)
+                batches = self._batches.fill(self.every_n_steps, timed=True)
             except Exception as raised:  # the loader failed: every process stops, this one raises it
                 error = error or raised
         event, deadline = self._runner.next_event()
@@ -308,7 +310,7 @@ class AgreedRuns:
             if not isinstance(error, RollbackError):
                 error = RollbackError(f"JAX process {decision.failure[0]} rolls back after step {step}: "
                                       f"{decision.failure[1]}. Every process rolls back with it.")
-            error.step = decision.rollback
+            error.step, error.agreed = decision.rollback, True
             raise error
         if decision.failure is not None:
             self._stopping.agree()

@@ -81,34 +81,31 @@ class BatchSource:
         time goes to the session's `data` clock."""
         started = time.perf_counter()
         try:
-            return self._next(step, limit)
+            if self._steps_per_dispatch == 1:
+                if not self._prefetch and not self._buffer and self._deferred is None:
+                    return next(self._data)
+                batch = self.next_one()
+                try:
+                    self.fill(self._prefetch)
+                except Exception as error:  # raised when that batch is due, not now (as the data's end)
+                    self._deferred = error
+                return batch
+            most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
+            length = _power_of_two(self._run_limit(step, most))
+            if len(self._buffer) < length:
+                if self._positions is None:  # no position to keep with each: take them in one go
+                    self._buffer.extend([batch, None, False]
+                                        for batch in itertools.islice(self._data, length - len(self._buffer)))
+                while len(self._buffer) < length and self.take_ahead():
+                    pass
+                if len(self._buffer) < length:  # the data ended: what is left, in powers of two
+                    if not self._buffer:
+                        raise StopIteration
+                    length = _power_of_two(len(self._buffer))
+            items = [self._buffer.popleft()[0] for _ in range(length)]
+            return items[0] if length == 1 else Steps(items)
         finally:
             self._spent["data"] += time.perf_counter() - started
-
-    def _next(self, step: int, limit: int | None) -> Any:
-        if self._steps_per_dispatch == 1:
-            if not self._prefetch and not self._buffer and self._deferred is None:
-                return next(self._data)
-            batch = self.next_one()
-            try:
-                self.fill(self._prefetch)
-            except Exception as error:  # raised when that batch is due, not now (as the data's end)
-                self._deferred = error
-            return batch
-        most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
-        length = _power_of_two(self._run_limit(step, most))
-        if len(self._buffer) < length:
-            if self._positions is None:  # no position to keep with each: take them in one go
-                self._buffer.extend([batch, None, False]
-                                    for batch in itertools.islice(self._data, length - len(self._buffer)))
-            while len(self._buffer) < length and self.take_ahead():
-                pass
-            if len(self._buffer) < length:  # the data ended: what is left, in powers of two
-                if not self._buffer:
-                    raise StopIteration
-                length = _power_of_two(len(self._buffer))
-        items = [self._buffer.popleft()[0] for _ in range(length)]
-        return items[0] if length == 1 else Steps(items)
 
     def next_one(self) -> Any:
         """The next single batch, the one taken ahead first if there is one."""
@@ -133,16 +130,22 @@ class BatchSource:
                 next(self._data)
         return positions
 
-    def fill(self, count: int) -> int:
+    def fill(self, count: int, timed: bool = False) -> int:
         """Takes batches ahead until `count` wait (the first `prefetch` of them sent to the
         device, the rest kept on the host), or the data ends; returns how many wait. An
-        error of the data other than its end is raised now."""
-        while len(self._buffer) < count and self._deferred is None:
-            try:
-                self._take_ahead()
-            except StopIteration as end:
-                self._deferred = end
-        return len(self._buffer)
+        error of the data other than its end is raised now. `timed`: its time goes to the
+        session's `data` clock (`next` times its own)."""
+        started = time.perf_counter()
+        try:
+            while len(self._buffer) < count and self._deferred is None:
+                try:
+                    self._take_ahead()
+                except StopIteration as end:
+                    self._deferred = end
+            return len(self._buffer)
+        finally:
+            if timed:
+                self._spent["data"] += time.perf_counter() - started
 
     def take_ahead(self) -> bool:
         """Takes the next batch ahead; False when the data has ended."""

@@ -25,6 +25,12 @@ class TimeSpent:
     def __init__(self) -> None:
         self.start, self.started = time.time(), time.perf_counter()
         self.secs = dict.fromkeys(("compile", "restore", "checkpoint", "data", "evaluation", "hooks"), 0.0)
+        #: How many steps a recovery or roll-back made this session run again.
+        self.redone_steps = 0
+
+    def went_back(self, step: int, to: int) -> None:
+        """The state at `step` was replaced by one of step `to` (a restore)."""
+        self.redone_steps += max(0, step - to)
 
     def add(self, category: str, secs: float) -> None:
         self.secs[category] += secs

@@ -219,8 +219,6 @@ class HookRunner:
         """Every awake hook's `before_run` for the run of `length` steps after `step`, as
         one plan; `QUIET` when every hook sleeps past it (see `Hook.next_trigger`) and
         nothing else (`wake`) needs them. `fetches` and `batch` are the caller's."""
-        if background.FAILED:  # a summary write failed on the writer's thread: stop now
-            background.raise_failed_write()
         if not wake and step + length < self._quiet_step:
             for clock, deadline in self._deadlines:
                 if clock() >= deadline:
@@ -281,6 +279,8 @@ class HookRunner:
           step: the step number after the run.
           read: the run's read of the accumulators (`_metrics.Read`), if any hook read.
         """
+        if background.FAILED:  # a summary write failed on the writer's thread: stop now (after the step: with
+            background.raise_failed_write()  # several processes, an error there is agreed by every one)
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:

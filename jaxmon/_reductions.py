@@ -294,7 +294,8 @@ class FirstNonFinite(Reduction):
         self.size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(value))
         if self.spike_factor is not None and self.size != 1:
             raise ValueError(f"FirstNonFinite(spike_factor={self.spike_factor}) judges one scalar per step; "
-                             f"{self.fetch!r} has {self.size} entries.")
+                             f"{self.fetch!r} has {self.size} entries. Fetch a scalar: an output such as the mean "
+                             "loss, or a callable `lambda state, batch, outputs: outputs['loss'].mean()`.")
         acc = {"step": np.array(-1, np.int32), "value": np.array(0, np.float32), "run": np.array(0, np.int32),
                "skipped": np.array(0, np.int32)}
         if self.spike_factor is not None:

@@ -175,6 +175,7 @@ class MonitoredSession:
         for attempt in range(1, self._life.max_recoveries + 1):
             logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
                            error, attempt, self._life.max_recoveries)
+            isinstance(error, _errors.RollbackError) and self._stopping.rolled_back()
             self._life.create(self._created, recovering=error)
             # A batch in hand is past the restored data position: take the next one.
             take = take or (from_data and self._life.data_rewound)
@@ -207,6 +208,7 @@ class MonitoredSession:
 
     def _created(self, state: Any, step: int) -> None:
         """A state was built or restored: keep it, then tell every hook."""
+        self._spent.went_back(self._step, step)  # a recovery or roll-back: the steps after `step` are run again
         self._state, self._step = state, step
         self._dispatch.keep_on_mesh(state)
         self._accumulators.start(step, self._life.windows)
@@ -303,10 +305,12 @@ class MonitoredSession:
                 _quietly(self._runner.deliver_late, "delivering the last late results")
             ok = True
         finally:
-            self._dispatch.close()  # compilations ahead not started are dropped
-            self._batches.give_back()
-            self._runner.close(raise_errors=ok and clean)
-            self._watchdog.stop()
+            try:
+                self._dispatch.close()  # compilations ahead not started are dropped
+                self._batches.give_back()
+                self._runner.close(raise_errors=ok and clean)
+            finally:
+                self._watchdog.stop()
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:

@@ -49,6 +49,12 @@ class Stopping:
         """Every process stops here (an agreement found a stop or a failure)."""
         self.decided = True
 
+    def rolled_back(self) -> None:
+        """A roll-back restored an earlier step: a stop asked for at the steps it undid
+        is forgotten (the hooks ask again when they get there); a preemption stays."""
+        if not self.preemption.requested:
+            self.requested = self.decided = False
+
     def after_run(self, step: int) -> None:
         """A preemption asks to stop after the run that completed `step` (several
         processes: once JAX's preemption service says every process reached it)."""

@@ -144,11 +144,15 @@ def _doing(stacks: str, thread: int) -> str:
         return "nowhere: its thread has ended"
     package, frames = os.path.dirname(os.path.abspath(__file__)) + os.sep, _FRAME.findall(stack)
     runner = package + "_hook_runner.py"
+    restoring = any(path == package + "_state_life.py" for path, _, _ in frames)
     for depth, (path, line, function) in enumerate(frames):
         if path.endswith(os.path.join("jax", "_src", "compiler.py")):
             return _COMPILING
         if path.startswith(package):
             what = _MODULES.get(os.path.splitext(os.path.basename(path))[0])
+            if what == _MODULES["_checkpoint"] and restoring and not path.endswith(os.path.join("hooks",
+                                                                                           "_checkpoint.py")):
+                return _MODULES["_state_life"]  # reading the checkpoint it restores
             if what is not None:
                 return what
         if function in _EVENTS and depth + 1 < len(frames) and frames[depth + 1][0] == runner:

@@ -67,8 +67,8 @@ def test_a_nan_at_step_37_rolls_back_to_30_skips_the_batches_of_31_to_37_and_rea
 def test_with_max_rollbacks_0_a_nan_raises_as_before(tmp_path):
     x = np.ones(100, np.float32)
     x[36] = np.nan
-    with pytest.raises(jm.NanLossDuringTrainingError, match="NaN loss during training: 'loss' = nan at step 37 "
-                       r"after 0 roll-back\(s\)") as raised:
+    with pytest.raises(jm.NanLossDuringTrainingError, match="NaN loss during training: 'loss' = nan at step 37. "
+                       r".*, after 0 roll-back\(s\), the most max_rollbacks=0 allows") as raised:
         train(tmp_path, x, last_step=60, nan_hook=jm.NanHook(on_nan="rollback", max_rollbacks=0))
     assert raised.value.step == 37
     assert jm.latest_checkpoint_step(str(tmp_path)) == 30  # nothing after the bad step was saved
@@ -104,3 +104,19 @@ def test_rollback_needs_a_checkpoint_dir_and_a_known_on_nan():
         jm.MonitoredSession(step_fn, init_fn, data=source(np.ones(4)), hooks=[jm.NanHook(on_nan="rollback")])
     with pytest.raises(ValueError, match="spike_factor must be a number > 1"):
         jm.NanHook(spike_factor=0.5)
+
+
+def test_a_stop_asked_for_at_a_step_the_roll_back_undid_is_asked_again_at_the_last_step(tmp_path):
+    x = np.ones(100, np.float32)
+    x[37] = np.nan  # step 38's batch; seen at the save of step 40, where StopAtStepHook has already asked to stop
+    goodput = jm.GoodputHook(output_dir=str(tmp_path), every_n_steps=100)
+    with jm.MonitoredTrainingSession(step_fn, init_fn, data=source(x), checkpoint_dir=str(tmp_path),
+                                     save_checkpoint_steps=10, save_summaries_steps=None, log_step_count_steps=None,
+                                     hooks=[jm.StopAtStepHook(last_step=40), goodput,
+                                            jm.NanHook(on_nan="rollback", every_n_steps=20)]) as sess:
+        while not sess.should_stop():
+            sess.run()
+    assert sess.step == 40  # not 31: the stop of the undone step 40 was forgotten, then asked again
+    assert int(sess.state["ids"]) == sum(range(30)) + sum(range(38, 48))
+    assert sess.time_spent.redone_steps == 10  # steps 31-40 ran twice
+    assert goodput.totals()["lost"] > 0

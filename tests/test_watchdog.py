@@ -181,3 +181,28 @@ def test_a_session_that_steps_in_time_is_left_alone():
     assert ticks == list(range(1, 9))
     sess._watchdog._thread.join(timeout=5)
     assert not sess._watchdog._thread.is_alive()  # stopped at close
+
+
+def test_a_session_whose_close_raises_still_stops_its_watchdog(tmp_path):
+    script = tmp_path / "close_raises.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import jax.numpy as jnp
+        import jaxmon as jm
+
+        class BadClose(jm.Hook):
+            def close(self):
+                raise OSError("the writer's disk is gone")
+
+        try:
+            with jm.MonitoredSession(lambda s, b: (s + b, {}), state=jnp.zeros(()), data=[1.0, 2.0],
+                                     hooks=[BadClose()], watchdog_secs=0.3, watchdog_startup_secs=0.3) as sess:
+                sess.run()
+        except OSError as error:
+            print("caught", error, flush=True)
+        time.sleep(1.5)  # the caller carries on: no watchdog may end it now
+        print("alive", flush=True)
+    """))
+    result = _run([sys.executable, str(script)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["caught the writer's disk is gone", "alive"]

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 #: The most writes queued before a write waits for the thread.
 MAX_QUEUED = 1000
 #: The background writers whose last write failed, until the loop raises it (`raise_failed_write`).
@@ -78,13 +80,13 @@ class BackgroundWriter:
         self._raise_failed()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        self._submit(self.writer.write_scalars, step, dict(scalars))
+        self._submit(self.writer.write_scalars, step, _host(scalars))
 
     def write_histograms(self, step: int, arrays: Mapping[str, Any]) -> None:
-        self._submit(self.writer.write_histograms, step, dict(arrays))
+        self._submit(self.writer.write_histograms, step, _host(arrays))
 
     def write_images(self, step: int, images: Mapping[str, Any]) -> None:
-        self._submit(self.writer.write_images, step, dict(images))
+        self._submit(self.writer.write_images, step, _host(images))
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         self._submit(self.writer.write_texts, step, dict(texts))
@@ -118,3 +120,9 @@ class BackgroundWriter:
 
     def __repr__(self) -> str:
         return f"BackgroundWriter({self.writer!r})"
+
+
+def _host(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` as the writer's thread may keep them: each array copied to the host now
+    (a device array may be donated to the next step, a NumPy buffer reused)."""
+    return {key: np.array(value) if hasattr(value, "__array__") else value for key, value in values.items()}

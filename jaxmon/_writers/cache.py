@@ -133,8 +133,10 @@ class _SharedWriter(MultiWriter):
     def close(self) -> None:
         if self._open:
             self._open = False
-            self.writer.flush()
-            self._release(self._key)
+            try:
+                self.writer.flush()
+            finally:
+                self._release(self._key)  # the writer and its thread go, even after a failed write
 
     def __repr__(self) -> str:
         return f"SummaryWriterCache.get({self._key!r})"

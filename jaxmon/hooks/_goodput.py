@@ -74,18 +74,19 @@ class GoodputHook(TimedHook):
         self._processes = 1  # how many processes (one after the other) the run has had, this one included
 
     def begin(self) -> None:
-        self._session, self._redone_steps, self._lost = None, 0, 0.0
+        self._session, self._lost = None, 0.0
         self._slot.open()
 
     def after_create_session(self, session) -> None:
         self._slot.restarted(session)
         if self._session is None:  # this process's first state: the earlier processes' time
-            self._session = session
+            self._session, self._redone_steps = session, session.time_spent.redone_steps
             self._start_step, self._written = session.step, session.restored_step  # its records are on disk
             self._before = self._earlier(session.restored_step, session.time_spent.start)
-        elif session.step < self._last_step:  # a recovery or roll-back: the steps after it are run again
-            self._lost += (self._last_step - session.step) * self._secs_per_step()
-            self._redone_steps += self._last_step - session.step
+        redone = session.time_spent.redone_steps - self._redone_steps
+        if redone > 0:  # a recovery or roll-back: the steps after the restored one are run again
+            self._lost += redone * self._secs_per_step(session.step + redone)
+            self._redone_steps += redone
         self._last_step = session.step
         self.timer.start(session.step)
 
@@ -136,8 +137,9 @@ class GoodputHook(TimedHook):
         spent = self.spent()
         return {category: self._before[category] + spent[category] for category in CATEGORIES}
 
-    def _secs_per_step(self) -> float:
-        steps = self._last_step - self._start_step + self._redone_steps
+    def _secs_per_step(self, reached: int) -> float:
+        """The mean time of a step this session ran, up to step `reached`."""
+        steps = reached - self._start_step + self._redone_steps
         spent = self.spent()
         return sum(spent[k] for k in _STEP_TIME) / steps if steps > 0 else 0.0
 

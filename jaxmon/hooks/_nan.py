@@ -135,8 +135,8 @@ class NanHook(TimedHook):
         self._done = True
         if self._session is not None:  # never saved, even by a close() after the error was caught
             self._session.reject_state(f"NanHook saw {where}")
-        rollbacks = self._counts["rollbacks"]
-        if self.on_nan == "rollback" and rollbacks < self.max_rollbacks and self._can_roll_back():
+        rollbacks, checkpointed = self._counts["rollbacks"], True
+        if self.on_nan == "rollback" and rollbacks < self.max_rollbacks and (checkpointed := self._can_roll_back()):
             self._counts["rollbacks"] += 1
             self._rolled_back = first["step"]
             self._write(step)
@@ -147,13 +147,18 @@ class NanHook(TimedHook):
         self._write(step)
         if self.on_nan != "stop":
             logger.error("Model diverged: %s (seen at step %d).", where, step)
-            more = (f" after {rollbacks} roll-back(s), the most max_rollbacks={self.max_rollbacks} allows"
-                    if self.on_nan == "rollback" else "")
+            if self.on_nan != "rollback":
+                more = ("; NanHook(fail_on_nan_loss=False) stops cleanly instead, and NanHook(on_nan='rollback') "
+                        "goes back to the newest checkpoint past that batch")
+            elif not checkpointed:
+                more = ("; NanHook(on_nan='rollback') found no complete checkpoint to go back to: save one early "
+                        "(the saver saves step 0 at creation unless it starts from a restored checkpoint)")
+            else:
+                more = (f", after {rollbacks} roll-back(s), the most max_rollbacks={self.max_rollbacks} allows: "
+                        "raise max_rollbacks if the data has more bad batches")
             raise NanLossDuringTrainingError(
-                f"{kind} loss during training: {where}{more}. Lower the learning rate, clip gradients, or check "
-                "the data of that step; NanHook(fail_on_nan_loss=False) stops cleanly instead, and "
-                "NanHook(on_nan='rollback') goes back to the newest checkpoint past that batch.",
-                step=first["step"], value=first["value"])
+                f"{kind} loss during training: {where}. Lower the learning rate, clip gradients, or check the data "
+                f"of that step{more}.", step=first["step"], value=first["value"])
         logger.warning("%s loss during training: %s; stopping at step %d.", kind, where, step)
         if self._session is not None:
             self._session.request_stop()
