@@ -201,3 +201,48 @@ def test_noise_below_two_milliseconds_per_step_is_no_straggler(caplog):
         for step in range(10):
             stragglers.agreed(step, [0.0001, 0.0009])  # 9x, but only 0.8 ms more
     assert not caplog.records
+
+
+def test_a_peer_s_roll_back_restores_this_process_too_and_both_go_on(peers):
+    """This process saw nothing wrong; the other rolls back past its step 5 at the agreement
+    after step 8: this one gets the agreed roll-back, re-creates its state (back to step 0
+    here) and stops asking for a stop it had asked at an undone step."""
+    step, recreated = [0], []
+    stopping = Stopping(Preemption(handle_sigterm=False, several_processes=False), agreed=True)
+
+    def recreate(error):
+        recreated.append((type(error).__name__, error.step, getattr(error, "agreed", False)))
+        step[0] = 0
+        peers.row = peer()  # the other process is back in step too
+
+    agreed = _agree.AgreedRuns(FakeBatches(), FakeRunner(), stopping, FakeSession(step), every_n_steps=8,
+                               recreate=recreate)
+    run_once = failing_at(step, None)
+    for _ in range(7):
+        agreed.run(run_once, {})
+    stopping.request()  # asked at step 7, a step the roll-back undoes
+    peers.message = "RollbackError: NaN loss during training: 'loss' = nan at step 5; rolling back."
+    peers.row = peer(failed=1.0, error_step=5.0, rollback=1.0)
+    agreed.run(run_once, {})  # step 8: the agreement rolls back; after the re-creation, one more run
+    assert recreated == [("RollbackError", 5, True)]
+    assert step[0] == 1 and not stopping.decided and not stopping.requested
+    assert peers.steps[-2:] == [8, 0]  # the roll-back's agreement, then the one before the first run again
+
+
+def test_a_roll_back_not_every_failing_process_agrees_on_is_raised_not_carried_out(peers):
+    step = [0]
+    stopping = Stopping(Preemption(handle_sigterm=False, several_processes=False), agreed=True)
+    agreed = _agree.AgreedRuns(FakeBatches(), FakeRunner(), stopping, FakeSession(step), every_n_steps=8,
+                               recreate=lambda error: pytest.fail("re-created without an agreement"))
+
+    def bad_at_8(batch):
+        step[0] += 1
+        if step[0] == 8:
+            raise jm.NanLossDuringTrainingError("NaN at step 8", step=8)
+
+    for _ in range(7):
+        agreed.run(bad_at_8, {})
+    peers.message = "RollbackError: a roll-back"
+    peers.row = peer(failed=1.0, error_step=5.0, rollback=1.0)  # the peer would roll back; this one raises
+    with pytest.raises(jm.NanLossDuringTrainingError, match="NaN at step 8"):
+        agreed.run(bad_at_8, {})
