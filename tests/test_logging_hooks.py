@@ -552,3 +552,16 @@ def test_progress_bar_skips_a_missing_loss(logs):
     assert "step 3/3" in text and "steps/s" in text
     assert "loss" not in text
     assert warnings_(logs) == []
+
+
+def test_progress_bar_is_drawn_by_rich_in_colour_on_a_terminal_and_plain_elsewhere(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    for stream, coloured in ((FakeTTY(), True), (io.StringIO(), False)):
+        clock = FakeClock()
+        bar = jm.ProgressBarHook(stream=stream, enabled=True, clock=clock)
+        sess = jm.MonitoredSession(float_loss_step, zero, hooks=[jm.StopAtStepHook(last_step=4), bar])
+        run_until_stop(sess, clock)
+        sess.close()
+        last = [frame for frame in stream.getvalue().split("\r") if frame][-1]
+        assert "━" in last and "100.0%  step 4/4" in last  # rich's bar, then the same words as before
+        assert ("\x1b[" in last.replace("\x1b[K", "")) is coloured

@@ -1,7 +1,9 @@
-"""ProgressBarHook: a one-line progress bar with the step rate, ETA and latest values."""
+"""ProgressBarHook: a one-line progress bar with the step rate, ETA and latest values,
+drawn with `rich` (installed with flax)."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -66,7 +68,7 @@ class ProgressBarHook(TimedHook):
         self._clock = clock
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
-        self._drawn = False
+        self._drawn, self._console = False, None  # the console that renders the bar (on the first draw)
         self._shown: dict[str, Any] = {}
         self._refreshed: int | None = None
         self.reduce = check_reduce("ProgressBarHook", reduce)
@@ -82,7 +84,7 @@ class ProgressBarHook(TimedHook):
         self.enabled = self._enabled if self._enabled is not None else (
             getattr(stream, "isatty", lambda: False)() and not os.environ.get("CI"))
         self.timer.reset()
-        self._drawn, self._shown = False, {}
+        self._drawn, self._shown, self._console = False, {}, None
 
     def after_create_session(self, session) -> None:
         self._start = (session.step, self._clock())
@@ -128,18 +130,31 @@ class ProgressBarHook(TimedHook):
         elapsed = max(self._clock() - start_time, 1e-9)
         rate = (step - start_step) / elapsed
         parts = [f"step {step}" + (f"/{self._total}" if self._total else "")]
-        if self._total:
-            done = min(step / self._total, 1.0)
-            filled = int(done * self._width)
-            parts.insert(0, f"[{'#' * filled}{'.' * (self._width - filled)}] {done:6.1%}")
-            if rate > 0:
-                parts.append(f"ETA {_clock_time(max(self._total - step, 0) / rate)}")
+        if self._total and rate > 0:
+            parts.append(f"ETA {_clock_time(max(self._total - step, 0) / rate)}")
         parts.append(f"{rate:.1f} steps/s")
         parts += [f"{name} {np.asarray(value).item():.4g}" for name, value in shown.items() if np.size(value) == 1]
         stream = self._stream or sys.stderr
-        stream.write("\r" + "  ".join(parts) + "\x1b[K")
+        stream.write("\r" + self._line(step, "  ".join(parts), stream) + "\x1b[K")
         stream.flush()
         self._drawn, self._shown = True, shown
+
+    def _line(self, step: int, text: str, stream: TextIO) -> str:
+        """The bar (a `rich` progress bar and its percentage, when the total is known) and
+        `text` as one line: the bar in colour on a terminal, plain elsewhere."""
+        if not self._total:
+            return text
+        from rich.console import Console
+        from rich.progress_bar import ProgressBar
+
+        if self._console is None:  # one per session: a draw renders the bar only
+            terminal = getattr(stream, "isatty", lambda: False)()
+            self._console = Console(file=io.StringIO(), width=self._width, force_terminal=terminal,
+                                    color_system="auto" if terminal else None)
+        bar = ProgressBar(total=self._total, completed=min(step, self._total), width=self._width)
+        with self._console.capture() as captured:
+            self._console.print(bar, end="")
+        return f"{captured.get()}  {min(step / self._total, 1.0):6.1%}  {text}"
 
     def end(self, session) -> None:
         if self.enabled and session.step:  # the metrics of the last read (the session's close reads them)
