@@ -123,7 +123,7 @@ class BatchSource:
         returns the data position before each."""
         positions = []
         for _ in range(count):
-            positions.append(_loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state()))
+            positions.append(self.position())
             if self._buffer:
                 self._buffer.popleft()
             else:

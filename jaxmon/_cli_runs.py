@@ -123,15 +123,15 @@ def run_info(workdir: str) -> dict[str, Any]:
 def goodput_of(workdir: str) -> dict[str, Any] | None:
     """The run's seconds by category over its whole life, from `goodput.json` (written by
     `jm.GoodputHook`): `{"processes": n, "seconds": {category: secs}}`; None without it."""
+    from jaxmon._goodput import FILE, read_record, recorded_seconds
+
     try:
-        with open(os.path.join(workdir, "goodput.json"), encoding="utf-8") as file:
-            record = json.load(file)
-        before, spent = record["before"], record["process"]["spent"]
-        seconds = {category: float(before.get(category, 0.0)) + float(spent.get(category, 0.0))
-                   for category in {**before, **spent}}
+        record = read_record(os.path.join(workdir, FILE))
+        if record is None:
+            return None
+        return {"processes": int(record.get("processes", 1)), "seconds": recorded_seconds(record)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return {"processes": int(record.get("processes", 1)), "seconds": seconds}
 
 
 def _best_metric(path: str) -> dict[str, Any]:

@@ -12,6 +12,8 @@ of the run (`idle`).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Any
 
@@ -32,9 +34,6 @@ class TimeSpent:
         """The state at `step` was replaced by one of step `to` (a restore)."""
         self.redone_steps += max(0, step - to)
 
-    def add(self, category: str, secs: float) -> None:
-        self.secs[category] += secs
-
     def elapsed(self) -> float:
         """Wall seconds since the session was made."""
         return time.perf_counter() - self.started
@@ -44,6 +43,43 @@ class TimeSpent:
         are 0 here: only a resumed run knows them)."""
         productive = max(0.0, self.elapsed() - sum(self.secs.values()))
         return {"productive": productive, **self.secs, "lost": 0.0, "idle": 0.0}
+
+
+#: The file in a run's summary directory that carries its breakdown from one process of
+#: the run to the next (`jm.GoodputHook` writes it, `jaxmon inspect` reads it).
+FILE = "goodput.json"
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """The record in `goodput.json` at `path`; None when there is none.
+
+    Raises:
+      OSError, ValueError: the file cannot be read, or holds no JSON object.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+    except FileNotFoundError:
+        return None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return record
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Writes `record` to `path` through a file of its own, so that a reader never sees half of it."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+    os.replace(temporary, path)
+
+
+def recorded_seconds(record: dict[str, Any]) -> dict[str, float]:
+    """The run's seconds by category in a `goodput.json` record: its earlier processes'
+    and its last one's, as that one last wrote them."""
+    before, spent = record["before"], record["process"]["spent"]
+    return {category: float(before.get(category, 0.0)) + float(spent.get(category, 0.0))
+            for category in {**before, **spent}}
 
 
 def category_of(hook: Any) -> str:

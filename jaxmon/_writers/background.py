@@ -4,8 +4,8 @@ A trigger run's summaries cost the loop only a queue put: the TensorBoard protos
 CRCs, the JSON lines and the file writes happen on the writer's thread, in order. The
 queue is bounded (a loop that writes faster than the disk waits, rather than growing
 memory). `flush()` (before every checkpoint, through `flush_all`) and `close()` wait
-until everything queued is written; a write that failed is raised before the loop's
-next run (`raise_failed_write`), or by the next call made to the writer.
+until everything queued is written; a write that failed is raised after the loop's next
+step (`raise_failed_write`), or by the next call made to the writer.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon._writers.interface import restart
+
 #: The most writes queued before a write waits for the thread.
 MAX_QUEUED = 1000
 #: The background writers whose last write failed, until the loop raises it (`raise_failed_write`).
@@ -25,7 +27,7 @@ FAILED: list[BackgroundWriter] = []
 
 def raise_failed_write() -> None:
     """Raises the error of a summary write that failed in the background, once; the hook
-    runner asks before every run (one look at an empty list when none failed)."""
+    runner asks after every run's step (one look at an empty list when none failed)."""
     while FAILED:
         FAILED.pop().wait()
 
@@ -97,9 +99,7 @@ class BackgroundWriter:
 
     def restart(self, step: int) -> None:
         self.wait()
-        restart = getattr(self.writer, "restart", None)
-        if callable(restart):
-            restart(step)
+        restart(self.writer, step)
 
     def flush(self) -> None:
         self.wait()

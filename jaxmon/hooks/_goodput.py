@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import math
 import os
@@ -12,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxmon._errors import check_number, check_on_error
-from jaxmon._goodput import CATEGORIES
+from jaxmon._goodput import CATEGORIES, FILE, read_record, write_record
 from jaxmon._hook import RunContext, RunValues
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers.slot import WriterSlot
@@ -20,8 +19,6 @@ from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
-#: The file in `output_dir` that carries the breakdown from one process of a run to the next.
-FILE = "goodput.json"
 #: The categories a redone step's time was spent in, and is taken from when it is lost.
 _STEP_TIME = ("productive", "data", "hooks")
 
@@ -99,9 +96,6 @@ class GoodputHook(TimedHook):
             self.timer.update_last_triggered_step(values.step)
             self._write(values.step)
 
-    def end(self, session) -> None:
-        self._last_step = session.step
-
     def close(self) -> None:  # after every hook's `end` (the last save's wait included), also after an error
         try:
             if self._session is not None and self._slot.writer is not None:
@@ -166,13 +160,18 @@ class GoodputHook(TimedHook):
                 self._file.result()  # the last write's error, if it failed
             if self._writer is None:
                 self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxmon-goodput")
-            self._file = self._writer.submit(_write_json, self._path, record)  # off the loop's thread
+            self._file = self._writer.submit(write_record, self._path, record)  # off the loop's thread
 
     def _earlier(self, restored: int | None, start: float) -> dict[str, float]:
         """The seconds of the run's processes before this one, by category: the last one's
         steps after `restored` (the step this one resumed from) are lost, and the time
         between its last record and this process's `start` is idle."""
-        record = _read_json(self._path) if self._path is not None else None
+        record = None
+        try:
+            record = read_record(self._path) if self._path is not None else None
+        except (OSError, ValueError) as error:
+            logger.warning("GoodputHook: %s is unreadable (%s); the run's earlier time is not counted.",
+                           self._path, error)
         if record is None:  # no file: the checkpoint's totals, if resumed from one
             return {**dict.fromkeys(CATEGORIES, 0.0), **(self._checkpointed or {})} if restored is not None else \
                 dict.fromkeys(CATEGORIES, 0.0)
@@ -201,22 +200,3 @@ def _moved_to_lost(spent: Mapping[str, float], lost: float) -> dict[str, float]:
             spent[k] -= lost * spent[k] / pool
         spent["lost"] += lost
     return spent
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as file:
-            record = json.load(file)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        logger.warning("GoodputHook: %s is unreadable (%s); the run's earlier time is not counted.", path, error)
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _write_json(path: str, record: dict[str, Any]) -> None:
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(record, file)
-    os.replace(temporary, path)  # a reader never sees half a file
