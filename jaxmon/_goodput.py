@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 #: The categories a run's wall time is split into, in the order they are reported.
@@ -41,8 +42,12 @@ class TimeSpent:
     def breakdown(self) -> dict[str, float]:
         """Every second since the session was made, in `CATEGORIES` (`lost` and `idle`
         are 0 here: only a resumed run knows them)."""
-        productive = max(0.0, self.elapsed() - sum(self.secs.values()))
-        return {"productive": productive, **self.secs, "lost": 0.0, "idle": 0.0}
+        return breakdown(self.elapsed(), self.secs)
+
+
+def breakdown(elapsed: float, secs: Mapping[str, float]) -> dict[str, float]:
+    """`elapsed` wall seconds in `CATEGORIES`: `secs` by category, the rest productive."""
+    return {"productive": max(0.0, elapsed - sum(secs.values())), **secs, "lost": 0.0, "idle": 0.0}
 
 
 #: The file in a run's summary directory that carries its breakdown from one process of

@@ -1,7 +1,8 @@
 """The hook runner: calls every hook's events in list order under its error policy,
 sleeps hooks between their triggers, and delivers each run's values, late ones a run
-later. A run's requests are one immutable `RunPlan`; its values come back as one
-`RunResult` (see `_dispatch`)."""
+later (the hooks that only report them: on the report thread, `_off_loop`). A run's
+requests are one immutable `RunPlan`; its values come back as one `RunResult` (see
+`_dispatch`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from jaxmon import _errors
+from jaxmon import _errors, _off_loop
 from jaxmon._errors import NanLossDuringTrainingError
 from jaxmon._fetches import Wanted, normalize
 from jaxmon._goodput import category_of
@@ -28,13 +29,15 @@ logger = logging.getLogger("jaxmon")
 
 
 class Call(NamedTuple):
-    """One hook's part in a run: its `after_run` follows (`late`: one run later), with
-    the values of its `fetches` and, if it `read`s, its accumulators."""
+    """One hook's part in a run: its `after_run` follows (`late`: one run later; `away`:
+    then on the report thread), with the values of its `fetches` and, if it `read`s, its
+    accumulators."""
 
     hook: Hook
     late: bool = False
     fetches: Wanted | None = None
     read: bool = False
+    away: bool = False
 
 
 class RunPlan(NamedTuple):
@@ -45,8 +48,9 @@ class RunPlan(NamedTuple):
       calls: the hooks whose `after_run` follows this run.
       feeds: `(hook, feeds)` of the hooks that feed the batch.
       readers: the hooks that read their accumulators after this run.
-      now, late, fetching: the indices in `calls` of those called after this run, of
-        those called one run later, and of those that fetch.
+      now, late, away, fetching: the indices in `calls` of those called after this run,
+        of those called one run later on the loop, and on the report thread, and of
+        those that fetch.
     """
 
     ctx: RunContext | None
@@ -56,6 +60,7 @@ class RunPlan(NamedTuple):
     now: tuple[int, ...] = ()
     late: tuple[int, ...] = ()
     fetching: tuple[int, ...] = ()
+    away: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, ctx: RunContext | None, calls: tuple[Call, ...],
@@ -64,8 +69,9 @@ class RunPlan(NamedTuple):
         builds them as it goes)."""
         return cls(ctx, calls, feeds, tuple(call.hook for call in calls if call.read),
                    tuple(i for i, call in enumerate(calls) if not call.late),
-                   tuple(i for i, call in enumerate(calls) if call.late),
-                   tuple(i for i, call in enumerate(calls) if call.fetches is not None))
+                   tuple(i for i, call in enumerate(calls) if call.late and not call.away),
+                   tuple(i for i, call in enumerate(calls) if call.fetches is not None),
+                   tuple(i for i, call in enumerate(calls) if call.away))
 
 
 _AS_IS = contextlib.nullcontext()
@@ -101,7 +107,9 @@ class HookRunner:
 
     A hook's `next_trigger` says until when it sleeps: a run that ends before every
     hook's trigger calls no hook (`QUIET`). Runs whose hooks asked for late delivery
-    wait in a queue until the next run was dispatched (or until `deliver_late()`).
+    wait in a queue until the next run was dispatched (or until `deliver_late()`); there, the
+    `after_run`s that only report (`_off_loop.reports`) go to the report thread, whose failures
+    are raised after the next run's step (or by `sync()`).
 
     Args:
       hooks: the session's hooks.
@@ -122,15 +130,17 @@ class HookRunner:
         self._guarded = {} if self._syncs is None else {
             id(hook): f"in {hook!r}, a hook called on every run (it has no next_trigger)"
             for hook in self.hooks if schedule_of(hook).next is None}
-        # (hook, has a before_run, has an after_run, its schedule, its plain `Call`): a run calls no event that
-        # does nothing on it.
-        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook))
-                       for hook in self.hooks]
+        # (hook, has a before_run, has an after_run, its schedule, its plain `Call`, its late after_run only
+        # reports): a run calls no event that does nothing on it.
+        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook),
+                        _off_loop.reports_off_loop(hook)) for hook in self.hooks]
         self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
+        self._made: list[tuple[RunArgs | None, Call | None]] = [(None, None)] * len(self._calls)  # each hook's last
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
+        self._reported: list[Exception] = []  # the report thread's `after_run` errors, raised on the loop
         # What hooks asked to do once every hook's current event is done (see `later`),
         # and the hook whose event is running; None outside events.
         self._later: list[tuple[Hook | None, Callable[[], Any]]] | None = None
@@ -199,7 +209,7 @@ class HookRunner:
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
         trigger is the one it last gave (its state changes only in its own events)."""
-        for i, (_, _, _, schedule, _) in enumerate(self._calls):
+        for i, (_, _, _, schedule, _, _) in enumerate(self._calls):
             if schedule.cut is None:
                 continue
             trigger = self._wake[i]
@@ -230,8 +240,8 @@ class HookRunner:
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`."""
         step, next_step = ctx.step, ctx.step + ctx.steps
-        calls, feeds, readers, now, late, fetching = [], [], [], [], [], []
-        for i, (hook, before, after, schedule, plain) in enumerate(self._calls):
+        calls, feeds, readers, now, late, fetching, away = [], [], [], [], [], [], []
+        for i, (hook, before, after, schedule, plain, reports) in enumerate(self._calls):
             if schedule.next is not None:  # asleep: before its trigger's step and time
                 trigger = self._wake[i]
                 if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
@@ -245,7 +255,7 @@ class HookRunner:
                 try:
                     with self._guard(hook):
                         args = hook.before_run(ctx)
-                    if args is not None:
+                    if args is not None and args is not self._made[i][0]:
                         args = _check_run_args(args, hook)
                 except Exception as error:
                     self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
@@ -257,16 +267,21 @@ class HookRunner:
                     now.append(len(calls))
                     calls.append(plain)
                 continue
-            (late if args.late else now).append(len(calls))
-            if args.fetches is not None:
+            made = self._made[i]
+            if made[0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
+                made = self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
+                                                   normalize(args.fetches, hook), args.read, reports and args.late))
+            call = made[1]
+            (away if call.away else late if call.late else now).append(len(calls))
+            if call.fetches is not None:
                 fetching.append(len(calls))
-            calls.append(Call(hook, args.late, None if args.fetches is None else normalize(args.fetches, hook),
-                              args.read))
+            calls.append(call)
             if args.feeds:
                 feeds.append((hook, args.feeds))
-            if args.read:
+            if call.read:
                 readers.append(hook)
-        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(readers), tuple(now), tuple(late), tuple(fetching))
+        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(readers), tuple(now), tuple(late), tuple(fetching),
+                       tuple(away))
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
@@ -279,14 +294,14 @@ class HookRunner:
           step: the step number after the run.
           read: the run's read of the accumulators (`_metrics.Read`), if any hook read.
         """
-        if background.FAILED:  # a summary write failed on the writer's thread: stop now (after the step: with
-            background.raise_failed_write()  # several processes, an error there is agreed by every one)
+        if background.FAILED or self._reported or _off_loop.FAILED:  # a report failed: stop now (after the step:
+            self._raise_reported()  # with several processes, an error there is agreed by every one)
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
         results = result.results or _NONE
-        if plan.late:
+        if plan.late or plan.away:
             self._late.append((plan, result.outputs, step, read, results))
         caller, now = result.caller, plan.now
         if caller is not None or (results is not _NONE and any(results[i] is not None for i in now)):
@@ -295,13 +310,14 @@ class HookRunner:
         if now:
             self._call_after_run(plan, now, results, result.outputs, step, read)
         self._settle(step)
+        _off_loop.flush()  # the run's reports to the report thread, at once
         return caller
 
     def _settle(self, step: int) -> None:
         """After a run's events: until which step (and time) every hook sleeps, so that
         the runs before it are quiet."""
         quiet, deadlines = math.inf, []
-        for i, (_, before, after, schedule, _) in enumerate(self._calls):
+        for i, (_, before, after, schedule, _, _) in enumerate(self._calls):
             if schedule.next is None:
                 if before or after:
                     quiet = 0
@@ -316,12 +332,51 @@ class HookRunner:
         self._quiet_step, self._deadlines = quiet, deadlines
 
     def deliver_late(self) -> None:
-        """Calls the `after_run` of every run whose hooks asked for late delivery."""
+        """Calls the `after_run` of every run whose hooks asked for late delivery (those
+        that only report: queued on the report thread)."""
         while self._late:
             plan, outputs, step, read, results = self._late.popleft()
+            if plan.away:
+                if read:
+                    read.host()  # every `after_read` on the loop, before the values go to the report thread
+                _off_loop.submit(self._report, plan, results, outputs, step, read)
+            if not plan.late:
+                continue
             if results is not _NONE:
                 results = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True))
             self._call_after_run(plan, plan.late, results, outputs, step, read)
+        _off_loop.flush()
+
+    def sync(self) -> None:
+        """Delivers every late `after_run` and waits for the report thread; raises what failed there."""
+        self.deliver_late()
+        _off_loop.wait()
+        self._raise_reported()
+
+    def _report(self, plan: RunPlan, results: Any, outputs: Any, step: int, read: Any) -> None:
+        """The `after_run`s of the calls of `plan` that only report, on the report thread."""
+        for i in plan.away:
+            call = plan.calls[i]
+            try:
+                fetched = results[i]
+                accumulated = read.values(call.hook) if call.read and read else None
+                call.hook.after_run(plan.ctx, RunValues(None if fetched is None else to_host(fetched), step,
+                                                        outputs, accumulated))
+            except Exception as error:
+                if self._raises(call.hook, error):
+                    error.add_note(f"(raised in {call.hook!r}.after_run at step {step}, on the report thread)")
+                    self._reported.append(error)
+                else:
+                    self._warn(call.hook, "after_run", step, error)
+
+    def _raise_reported(self) -> None:
+        """Raises the first failure of a report (a summary write, a reporting `after_run`, a
+        hook's work on the report thread)."""
+        background.raise_failed_write()
+        _off_loop.raise_failed()
+        if self._reported:
+            error, self._reported = self._reported[0], []
+            raise error
 
     def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | _Nothing,
                         outputs: Any, step: int, read: Any) -> None:
@@ -399,10 +454,19 @@ class HookRunner:
         unless the hook's policy is to warn and the error is not control flow."""
         if isinstance(error, StopIteration):
             raise error
-        if (hook.on_error != "warn" or _errors.is_recoverable(error)
-                or isinstance(error, (NanLossDuringTrainingError, HostSyncError))):
+        if self._raises(hook, error):
             error.add_note(f"(raised in {hook!r}.{event} at step {step})")
             raise error
+        self._warn(hook, event, step, error)
+
+    @staticmethod
+    def _raises(hook: Hook, error: Exception) -> bool:
+        """Whether `hook`'s `error` stops the run: its policy is to raise, or the error is control flow."""
+        return (hook.on_error != "warn" or isinstance(error, StopIteration) or _errors.is_recoverable(error)
+                or isinstance(error, (NanLossDuringTrainingError, HostSyncError)))
+
+    def _warn(self, hook: Hook, event: str, step: int, error: Exception) -> None:
+        """Logs the failure of a hook whose policy is to warn (its first few, then fewer)."""
         count = self._failures[id(hook)] = self._failures.get(id(hook), 0) + 1
         if count <= 3 or count in (10, 100) or count % 1000 == 0:
             logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",

@@ -230,9 +230,10 @@ class MonitoredSession:
         return self._life.warm_start_report
 
     def sync(self) -> None:
-        """Delivers every pending late `after_run` now (see `RunArgs.late`) and reads the hooks'
-        accumulators (every `after_read`), waiting for the device only as long as that needs."""
-        self._runner.deliver_late()
+        """Delivers every pending late `after_run` now (see `RunArgs.late`), waits for the hooks'
+        reports on the report thread, and reads the hooks' accumulators (every `after_read`),
+        waiting for the device only as long as that needs."""
+        self._runner.sync()
         self._accumulators.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
@@ -302,7 +303,7 @@ class MonitoredSession:
                 self.sync()
                 self._runner.end(self)
             else:
-                _quietly(self._runner.deliver_late, "delivering the last late results")
+                _quietly(self._runner.sync, "delivering the last late results")
             ok = True
         finally:
             try:

@@ -12,6 +12,7 @@ import pytest
 from helpers import FakeClock, RecordingWriter, count_step, window_means, zero
 
 import jaxmon as jm
+from jaxmon import _off_loop
 
 
 def metrics_step(state, batch):
@@ -31,7 +32,9 @@ def double_state(state, batch, outputs):
 
 def info_lines(caplog, steps=None):
     """The jaxmon INFO lines; a LoggingHook line's "step N: " prefix is checked (it must be
-    there) and taken off, its steps appended to `steps` when given."""
+    there) and taken off, its steps appended to `steps` when given; read once the report
+    thread has written every line queued so far."""
+    _off_loop.wait()
     lines = []
     for r in caplog.records:
         if r.name == "jaxmon" and r.levelno == logging.INFO:
@@ -389,6 +392,7 @@ def test_step_counter_with_steps_that_jump(every_n_steps, steps_per_run, expecte
         step = i * steps_per_run
         clock.t += 0.1
         hook.after_run(jm.RunContext(step - steps_per_run, None, jm.RunArgs()), jm.RunValues(None, step))
+    _off_loop.wait()  # the rates are written on the report thread
     assert writer.steps() == expected
     # each rate is the steps since the previous trigger over the time since it: steps_per_run per 0.1 s
     assert [s["global_step/sec"] for _, s in writer.scalars] == [pytest.approx(steps_per_run / 0.1)] * len(expected)

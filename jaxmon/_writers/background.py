@@ -1,26 +1,22 @@
-"""BackgroundWriter: a writer's work on a thread of its own, off the training loop.
+"""BackgroundWriter: a writer's work on the report thread (`_off_loop`), off the training loop.
 
 A trigger run's summaries cost the loop only a queue put: the TensorBoard protos, the
-CRCs, the JSON lines and the file writes happen on the writer's thread, in order. The
-queue is bounded (a loop that writes faster than the disk waits, rather than growing
-memory). `flush()` (before every checkpoint, through `flush_all`) and `close()` wait
-until everything queued is written; a write that failed is raised after the loop's next
-step (`raise_failed_write`), or by the next call made to the writer.
+CRCs, the JSON lines and the file writes happen on the report thread, in order. `flush()`
+(before every checkpoint, through `flush_all`) and `close()` wait until everything queued
+is written; a write that failed is raised after the loop's next step
+(`raise_failed_write`), or by the next call made to the writer.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from jaxmon import _off_loop
 from jaxmon._writers.interface import restart
 
-#: The most writes queued before a write waits for the thread.
-MAX_QUEUED = 1000
 #: The background writers whose last write failed, until the loop raises it (`raise_failed_write`).
 FAILED: list[BackgroundWriter] = []
 
@@ -33,7 +29,7 @@ def raise_failed_write() -> None:
 
 
 class BackgroundWriter:
-    """Writes through `writer` on a daemon thread (see the module's docstring).
+    """Writes through `writer` on the report thread (see the module's docstring).
 
     Args:
       writer: the writer that does the work (a `MultiWriter` of TensorBoard and JSON lines).
@@ -41,33 +37,20 @@ class BackgroundWriter:
 
     def __init__(self, writer: Any):
         self.writer = writer
-        self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self._raise_failed()
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._work, name="jaxmon-writer", daemon=True)
-                    self._thread.start()
-        self._queue.put((fn, args))
+        _off_loop.submit(self._write, fn, args)
 
-    def _work(self) -> None:
-        while True:
-            fn, args = self._queue.get()
-            try:
-                if fn is None:
-                    return
-                if self._error is None:  # after a failure, nothing more is written
-                    fn(*args)
-            except BaseException as error:  # raised from the loop's next run, or its next call
-                self._error = error
-                FAILED.append(self)
-            finally:
-                self._queue.task_done()
+    def _write(self, fn: Callable[..., Any], args: tuple) -> None:
+        if self._error is not None:  # after a failure, nothing more is written
+            return
+        try:
+            fn(*args)
+        except BaseException as error:  # raised from the loop's next run, or its next call
+            self._error = error
+            FAILED.append(self)
 
     def _raise_failed(self) -> None:
         error = self._error
@@ -77,8 +60,7 @@ class BackgroundWriter:
 
     def wait(self) -> None:
         """Waits until every write queued so far is done; raises a write's failure."""
-        if self._thread is not None:
-            self._queue.join()
+        _off_loop.wait()
         self._raise_failed()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -109,10 +91,6 @@ class BackgroundWriter:
         try:
             self.wait()
         finally:
-            thread, self._thread = self._thread, None
-            if thread is not None:
-                self._queue.put((None, ()))
-                thread.join()
             self.writer.close()
 
     def __getattr__(self, name: str) -> Any:  # the writers of a MultiWriter, a path, ...

@@ -64,7 +64,7 @@ class SummaryWriterCache:
     event file (TF's `SummaryWriterCache`).
 
     `get(logdir)` returns a handle on the directory's `default_writer`, which writes on
-    a thread of its own (`BackgroundWriter`: the loop only queues; `flush()` waits for
+    the report thread (`BackgroundWriter`: the loop only queues; `flush()` waits for
     the writes); closing the handle releases it, and the writer closes when its last
     handle does.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
 import os
@@ -10,8 +9,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxmon import _off_loop
 from jaxmon._errors import check_number, check_on_error
-from jaxmon._goodput import CATEGORIES, FILE, read_record, write_record
+from jaxmon._goodput import CATEGORIES, FILE, breakdown, read_record, write_record
 from jaxmon._hook import RunContext, RunValues
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon._writers.slot import WriterSlot
@@ -66,8 +66,6 @@ class GoodputHook(TimedHook):
         self._start_step = self._last_step = 0
         self._redone_steps, self._lost = 0, 0.0  # steps this session ran twice (recoveries, roll-backs)
         self._written: int | None = None  # the step of the last summaries
-        self._writer: concurrent.futures.ThreadPoolExecutor | None = None  # writes goodput.json off the loop
-        self._file: concurrent.futures.Future | None = None  # the last write of goodput.json
         self._processes = 1  # how many processes (one after the other) the run has had, this one included
 
     def begin(self) -> None:
@@ -100,15 +98,11 @@ class GoodputHook(TimedHook):
         try:
             if self._session is not None and self._slot.writer is not None:
                 self._last_step = self._session.step
-                self._write(self._session.step, last=True)
-            if self._file is not None:
-                self._file.result()  # on disk before the process may end
+                _off_loop.wait()  # the earlier reports first
+                self._report(*self._figures(self._session.step, last=True))  # on disk before the process may end
         except Exception as error:
             logger.warning("GoodputHook: writing the last breakdown failed: %r", error)
         finally:
-            writer, self._writer, self._file = self._writer, None, None
-            if writer is not None:
-                writer.shutdown(wait=True)
             self._slot.close()
 
     def get_state(self) -> dict[str, Any]:
@@ -120,8 +114,10 @@ class GoodputHook(TimedHook):
 
     def spent(self) -> dict[str, float]:
         """This process's seconds by category (its redone steps' time as lost)."""
-        spent = self._session.time_spent.breakdown() if self._session is not None else dict.fromkeys(CATEGORIES, 0.0)
-        return _moved_to_lost(spent, self._lost)
+        if self._session is None:
+            return dict.fromkeys(CATEGORIES, 0.0)
+        spent = self._session.time_spent
+        return _spent(spent.elapsed(), spent.secs, self._lost)
 
     def totals(self) -> dict[str, float]:
         """The run's seconds by category, over every process of it so far (before a
@@ -137,30 +133,51 @@ class GoodputHook(TimedHook):
         spent = self.spent()
         return sum(spent[k] for k in _STEP_TIME) / steps if steps > 0 else 0.0
 
-    def _write(self, step: int, last: bool = False) -> None:
-        """The breakdown as summaries of `step` (once per step: a step's record is never
-        written twice) and into `goodput.json` (at most every `record_every_secs`, and
-        the `last` time)."""
-        totals = self.totals()
-        if step != self._written:
-            self._written = step
+    def _write(self, step: int) -> None:
+        """The breakdown of `step` written on the report thread (see `_off_loop`): the loop
+        only takes the figures."""
+        summarized, clocks, record = self._figures(step)
+        _off_loop.submit(self._reported, summarized, clocks, record)
+        if record is not None:  # what a killed process leaves to the next one: handed over now
+            _off_loop.flush()
+
+    def _figures(self, step: int, last: bool = False) -> tuple[int | None, tuple, dict[str, Any] | None]:
+        """What `_report` writes after `step`: the step of its summaries (None: written
+        already; a step's record is never written twice), this process's clocks (see
+        `_spent`), and the record for `goodput.json` (at most every `record_every_secs`,
+        and the `last` time)."""
+        summarized = None if step == self._written else step
+        spent = self._session.time_spent
+        self._written, clocks, record = step, (spent.elapsed(), dict(spent.secs), self._lost), None
+        now = time.monotonic()
+        if self._path is not None and (last or now - self._recorded >= self.record_every_secs):
+            self._recorded = now
+            record = {"processes": self._processes, "before": dict(self._before), "process": {
+                "start": spent.start, "updated": time.time(), "first_step": self._start_step,
+                "last_step": self._last_step, "steps_run": self._last_step - self._start_step + self._redone_steps,
+                "spent": _spent(*clocks)}}
+        return summarized, clocks, record
+
+    def _reported(self, step: int | None, clocks: tuple, record: dict[str, Any] | None) -> None:
+        """`_report` on the report thread, under the hook's `on_error`."""
+        try:
+            self._report(step, clocks, record)
+        except Exception as error:
+            if self.on_error != "warn":
+                raise  # after the loop's next step
+            logger.warning("GoodputHook: writing the breakdown of step %s failed: %r", step, error)
+
+    def _report(self, step: int | None, clocks: tuple, record: dict[str, Any] | None) -> None:
+        """The breakdown as `goodput/*` summaries of `step` (None: none) and `record` into `goodput.json`."""
+        if step is not None:
+            spent = _spent(*clocks)
+            totals = {category: self._before[category] + spent[category] for category in CATEGORIES}
             wall = sum(totals.values())
             scalars = {f"goodput/{category}": secs for category, secs in totals.items()}
             scalars["goodput/goodput"] = totals["productive"] / wall if wall > 0 else 0.0
             self._slot.writer.write_scalars(step, scalars)
-        now = time.monotonic()
-        due = last or now - self._recorded >= self.record_every_secs
-        if self._path is not None and self._session is not None and due:
-            self._recorded = now
-            record = {"processes": self._processes, "before": self._before, "process": {
-                "start": self._session.time_spent.start, "updated": time.time(), "first_step": self._start_step,
-                "last_step": self._last_step, "steps_run": self._last_step - self._start_step + self._redone_steps,
-                "spent": self.spent()}}
-            if self._file is not None and self._file.done():
-                self._file.result()  # the last write's error, if it failed
-            if self._writer is None:
-                self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxmon-goodput")
-            self._file = self._writer.submit(write_record, self._path, record)  # off the loop's thread
+        if record is not None:
+            write_record(self._path, record)
 
     def _earlier(self, restored: int | None, start: float) -> dict[str, float]:
         """The seconds of the run's processes before this one, by category: the last one's
@@ -188,6 +205,11 @@ class GoodputHook(TimedHook):
 
     def __repr__(self) -> str:
         return f"GoodputHook({self.timer!r})"
+
+
+def _spent(elapsed: float, secs: Mapping[str, float], lost: float) -> dict[str, float]:
+    """Seconds by category from a session's clocks (`TimeSpent`), `lost` of them taken from the steps."""
+    return _moved_to_lost(breakdown(elapsed, secs), lost)
 
 
 def _moved_to_lost(spent: Mapping[str, float], lost: float) -> dict[str, float]:

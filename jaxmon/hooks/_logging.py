@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon import _fetches
+from jaxmon import _fetches, _off_loop
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
 from jaxmon._reductions import Mean, Reduction, check_reduce, of_last_step
@@ -112,6 +112,8 @@ class LoggingHook(TimedHook):
         self._read = {tag: spec for tag, spec in self._fetches.items() if tag not in given}
         self._reductions = given
         self.on_error = check_on_error("LoggingHook", on_error)
+        self._run_args = RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators))  # one object
+        # every trigger: the session reuses what it made of it
         self._start: int | None = None
         self._elapsed: dict[int, float | None] = {}
 
@@ -132,8 +134,9 @@ class LoggingHook(TimedHook):
             return None
         elapsed = self.timer.update_last_triggered_step(ctx.next_step)[0]
         self._elapsed[ctx.step], self._timed = elapsed if self._timed else None, True  # the first line: no timing
-        return RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators))
+        return self._run_args
 
+    @_off_loop.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
             return

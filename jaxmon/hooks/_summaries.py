@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon import _fetches
+from jaxmon import _fetches, _off_loop
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
 from jaxmon._paths import by_path
@@ -110,6 +110,8 @@ class SummarySaverHook(TimedHook):
         if accumulators:
             self.accumulators = accumulators
         self.on_error = check_on_error("SummarySaverHook", on_error)
+        self._run_args = RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))  # one
+        # object every trigger: the session reuses what it made of it
 
     def next_trigger(self, step: int) -> Trigger | None:
         return self.timer.next_trigger(step)
@@ -129,8 +131,9 @@ class SummarySaverHook(TimedHook):
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.timer.due(ctx.next_step):
             return None
-        return RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))
+        return self._run_args
 
+    @_off_loop.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
             return

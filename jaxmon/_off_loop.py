@@ -1,0 +1,114 @@
+"""The report thread: what a trigger does that need not hold up the training loop.
+
+Summary writes, the hooks' log lines and the late `after_run`s of the hooks that only
+report (`reports` marks them) run in order on one daemon thread, `jaxmon-report`: the loop
+only lists them (`submit`), and hands a run's list over at once, after the run's events
+(`flush`: one wake-up of the thread per trigger run, not one per write). What is queued
+is bounded (a loop that reports faster than the thread keeps up waits, rather than
+growing memory). `wait()` returns once everything submitted before it is done: a
+session's `sync()`, every checkpoint (through `flush_all`) and `close()` call it, so that
+a checkpoint's steps are reported on disk when it is complete.
+
+A failure of work queued here is kept in `FAILED` and raised on the loop after its next
+run's step (`raise_failed`), or by `sync()`; a writer keeps its own (see
+`BackgroundWriter`), and the hook runner applies each reporting hook's `on_error`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: The most pieces of work submitted before `submit` hands them over, and the most lists of
+#: them (a run's reports each) queued before `flush` waits for the thread.
+MAX_QUEUED = 1000
+
+#: The failures of work on the report thread, until the loop raises them (`raise_failed`).
+FAILED: list[BaseException] = []
+
+_queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args); a put wakes the thread
+_pending: list[tuple[Callable[..., Any], tuple]] = []  # submitted since the last `flush`
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> None:
+    """Calls `fn(*args)` on the report thread after everything submitted before it, once
+    handed over (`flush`, `wait`); on that thread itself: now, which keeps the order."""
+    if _thread is not None and threading.current_thread() is _thread:
+        fn(*args)
+        return
+    with _lock:
+        _pending.append((fn, args))
+        full = len(_pending) >= MAX_QUEUED
+    if full:
+        flush()
+
+
+def flush() -> None:
+    """Hands what was submitted since the last `flush` to the report thread (one wake-up);
+    waits first while the thread is `MAX_QUEUED` behind."""
+    global _pending, _thread
+    if not _pending:
+        return
+    with _lock:
+        work, _pending = _pending, []
+        if _thread is None:
+            _thread = threading.Thread(target=_work, name="jaxmon-report", daemon=True)
+            _thread.start()
+    if _queue.qsize() >= MAX_QUEUED:  # the thread is far behind: let it catch up rather than grow
+        wait()
+    _queue.put(work)
+
+
+def wait() -> None:
+    """Returns once everything submitted so far is done (on the report thread: at once)."""
+    if threading.current_thread() is _thread:
+        return
+    flush()
+    if _thread is not None:
+        done = threading.Event()
+        _queue.put([(done.set, ())])
+        done.wait()
+
+
+def raise_failed() -> None:
+    """Raises the first failure of work on the report thread (and forgets the rest)."""
+    if FAILED:
+        error = FAILED[0]
+        FAILED.clear()
+        raise error
+
+
+def reports(after_run: Callable[..., None]) -> Callable[..., None]:
+    """Marks a hook class's `after_run` as one that only reports what it is given (log
+    lines, summaries): called with late values (`RunArgs(late=True)`), the session calls
+    it on the report thread. A subclass that overrides `after_run` is called on the loop."""
+    after_run.reports_off_loop = True
+    return after_run
+
+
+def reports_off_loop(hook: Any) -> bool:
+    """Whether `hook`'s late `after_run` runs on the report thread (see `reports`)."""
+    return getattr(type(hook).after_run, "reports_off_loop", False)
+
+
+def _work() -> None:
+    while True:
+        for fn, args in _queue.get():
+            try:
+                fn(*args)
+            except BaseException as error:  # noqa: BLE001 - raised on the loop; the thread goes on
+                FAILED.append(error)
+
+
+def _forget_thread() -> None:
+    """In a forked child the thread is gone: the next `flush` starts another."""
+    global _queue, _pending, _thread, _lock
+    _queue, _pending, _thread, _lock = queue.SimpleQueue(), [], None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_thread)
