@@ -54,6 +54,7 @@ class Dispatch:
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
+        self._plans: dict[tuple[int, ...], tuple[tuple, _fetches.FetchPlan]] = {}  # by the fetching calls
         self._last_batch, self._last_index = None, None
         #: The last run's outputs (device arrays); empty before the first run.
         self.last_outputs: Mapping[str, Any] = {}
@@ -78,7 +79,7 @@ class Dispatch:
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
         fed, fetches, fetching = batch, NOTHING_FETCHED, ()
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
-            fed, fetches, fetching = _requests(batch, plan, wanted, length)
+            fed, fetches, fetching = _requests(batch, plan, wanted, length, self._plans)
         size = self._compiled.run_size(state, length)
         if size != length:  # one program takes every run length: the batch padded to its length
             padded = pad_run(batch, length, size)
@@ -155,16 +156,26 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
-def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None,
-              length: int) -> tuple[Any, _fetches.FetchPlan, tuple[int, ...]]:
+def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
+              plans: dict[tuple[int, ...], tuple[tuple, _fetches.FetchPlan]]) -> tuple[Any, _fetches.FetchPlan,
+                                                                                   tuple[int, ...]]:
     """The batch with the plan's feeds merged in, the run's fetch plan (the caller's
-    first, then each fetching call's), and the indices of those calls in the plan."""
+    first, then each fetching call's), and the indices of those calls in the plan. The
+    plans of the hooks' own fetches are kept in `plans`, by their calls (which the runner
+    keeps for a hook that asks the same again: `HookRunner._plan`)."""
     fetching = plan.fetching
     fed = _with_feeds(batch, plan.feeds, length) if plan.feeds else batch
-    fetches = NOTHING_FETCHED
-    if fetching or wanted is not None:
-        fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
-                                      *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
+    if not fetching and wanted is None:
+        return fed, NOTHING_FETCHED, fetching
+    calls = tuple(plan.calls[i] for i in fetching)
+    kept = plans.get(key := tuple(map(id, calls))) if wanted is None else None
+    if kept is not None and all(a is b for a, b in zip(kept[0], calls, strict=True)):
+        return fed, kept[1], fetching
+    fetches = _fetches.FetchPlan([("run(fetches=...)", wanted), *[(call.hook, call.fetches) for call in calls]])
+    if wanted is None:
+        if len(plans) >= 64:  # hooks that ask anew every time
+            plans.clear()
+        plans[key] = calls, fetches
     return fed, fetches, fetching
 
 

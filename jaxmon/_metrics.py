@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon import _off_loop
 from jaxmon._batches import one_step
+from jaxmon._hook import Hook
 from jaxmon._host import to_host
 from jaxmon._reductions import Reduction
 
@@ -43,9 +45,11 @@ class _Layout:
                  for leaf, (_, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
-    def unpack_host(self, carry: np.ndarray) -> list[Any]:
-        return [treedef.unflatten([carry[o:o + n].view(dtype).reshape(shape) for o, shape, dtype, n in fields])
-                for treedef, fields in zip(self._treedefs, self._fields, strict=True)]
+    def unpack_host(self, carry: np.ndarray, indices: Iterable[int] | None = None) -> list[Any]:
+        """The trees numbered `indices` (None: all), from a host copy of the carry."""
+        return [self._treedefs[i].unflatten([carry[o:o + n].view(dtype).reshape(shape)
+                                             for o, shape, dtype, n in self._fields[i]])
+                for i in (range(len(self._treedefs)) if indices is None else indices)]
 
     def pack(self, trees: list[Any]) -> jax.Array:
         parts = []
@@ -96,9 +100,14 @@ class Accumulators:
                 self._entries.append((hook, name, reduction))
         self.active = bool(self._entries)
         self._hooks = list(dict.fromkeys(hook for hook, _, _ in self._entries))
+        self._of_hook: dict[int, list[int]] = {}  # each hook's entries
+        for i, (hook, _, _) in enumerate(self._entries):
+            self._of_hook.setdefault(id(hook), []).append(i)
+        self._told = [hook for hook in self._hooks if getattr(type(hook), "after_read", None) is not Hook.after_read]
         self._on_read = on_read
         self._layout: _Layout | None = None
-        self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}
+        self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
+        self._restarts: dict[tuple[int, ...], tuple[np.ndarray | None, Any]] = {}  # by readers: (mask, program)
         self._sharding: Any = None
         #: The carry the next run starts from; None before the first run after `start`.
         self.carry: jax.Array | None = None
@@ -197,15 +206,16 @@ class Accumulators:
 
     def _read(self, step: int, readers: Sequence[Any]) -> Read:
         carry = self.carry
-        indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
-                   if reduction.restarts and any(hook is r for r in readers)]
-        mask = self._layout.restart_mask(indices) if indices else None
+        restart = self._restarts.get(key := tuple(map(id, readers)))
+        if restart is None:
+            restart = self._restarts[key] = self._restart_of(readers)
+        mask, program = restart
         read = self._last_read = Read(self, step, carry, mask,
                                       {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         for hook in readers:
             self._since[id(hook)] = step
-        if indices:
-            self.carry = self._restarted(carry, mask)
+        if program is not None:
+            self.carry = program(carry)
         return read
 
     def read_now(self, step: int) -> None:
@@ -216,7 +226,14 @@ class Accumulators:
         elif self.carry is not None:
             self._read(step, ()).host()
 
-    def _restarted(self, carry: jax.Array, mask: np.ndarray) -> jax.Array:
+    def _restart_of(self, readers: Sequence[Any]) -> tuple[np.ndarray | None, Any]:
+        """The slots that a read by `readers` starts afresh (None: none), and the program
+        that does it (one per set of slots)."""
+        indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
+                   if reduction.restarts and any(hook is r for r in readers)]
+        if not indices:
+            return None, None
+        mask = self._layout.restart_mask(indices)
         restart = self._restart.get(mask.tobytes())
         if restart is None:
             fresh = self._fresh()
@@ -225,18 +242,19 @@ class Accumulators:
                 return jnp.where(mask, fresh, carry)
 
             restart = self._restart[mask.tobytes()] = jax.jit(restart)
-        return restart(carry)
+        return mask, restart
 
-    def results(self, host: np.ndarray, steps: dict[int, int]) -> dict[int, dict[str, Any]]:
-        """Each hook's `{name: result}` from a host copy of the carry."""
-        _, *accs = self._layout.unpack_host(host)
-        values: dict[int, dict[str, Any]] = {}
-        for (hook, name, reduction), acc in zip(self._entries, accs, strict=True):
-            values.setdefault(id(hook), {})[name] = reduction.result(acc, steps[id(hook)])
-        return values
+    def results(self, host: np.ndarray, steps: dict[int, int], hook: Any) -> dict[str, Any]:
+        """`hook`'s `{name: result}` from a host copy of the carry."""
+        entries = self._of_hook.get(id(hook), ())
+        trees = self._layout.unpack_host(host, [i + 1 for i in entries])
+        return {self._entries[i][1]: self._entries[i][2].result(tree, steps[id(hook)])
+                for i, tree in zip(entries, trees, strict=True)}
 
-    def deliver(self, step: int, values: dict[int, dict[str, Any]]) -> None:
-        self._on_read(step, [(hook, values[id(hook)]) for hook in self._hooks])
+    def deliver(self, read: Read) -> None:
+        """Every `after_read` of `read` (the hooks that have one: the others' values wait
+        until asked for, on whichever thread asks)."""
+        self._on_read(read.step, [(hook, read.values(hook)) for hook in self._told])
 
     @property
     def compile_count(self) -> int:
@@ -253,16 +271,25 @@ class Read:
         self._accumulators, self.step, self.carry, self._steps = accumulators, step, carry, steps
         #: The slots this read starts afresh (None: none), and the carry on the host once read.
         self.mask, self.host_carry = mask, None
-        self._values: dict[int, dict[str, Any]] | None = None
-        (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
+        self._values: dict[int, dict[str, Any]] = {}
+        _off_loop.submit(_copy_to_host_async, carry)  # started by the report thread: off the loop's time
 
-    def host(self) -> dict[int, dict[str, Any]]:
-        if self._values is None:
-            self.host_carry = to_host(self.carry)
-            self._values = self._accumulators.results(self.host_carry, self._steps)
+    def host(self) -> None:
+        """The carry on the host, and every `after_read` (once)."""
+        if self.host_carry is None:
+            carry = self.carry  # one array: read as it is, the common case
+            self.host_carry = np.asarray(carry) if carry.is_fully_addressable else to_host(carry)
             self.carry = None
-            self._accumulators.deliver(self.step, self._values)
-        return self._values
+            self._accumulators.deliver(self)
 
     def values(self, hook: Any) -> dict[str, Any]:
-        return self.host().get(id(hook), {})
+        """`hook`'s results (computed once, when first asked for)."""
+        values = self._values.get(id(hook))
+        if values is None:
+            self.host()
+            values = self._values[id(hook)] = self._accumulators.results(self.host_carry, self._steps, hook)
+        return values
+
+
+def _copy_to_host_async(carry: jax.Array) -> None:
+    (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()

@@ -142,6 +142,9 @@ class Reads(jm.Hook):
     def __init__(self, name, **accumulators):
         self.name, self.accumulators = name, accumulators
 
+    def after_read(self, step, values):
+        pass  # told of every read (Accumulators' on_read)
+
     def __repr__(self):
         return f"Reads({self.name!r})"
 
@@ -220,6 +223,25 @@ def test_after_read_comes_once_per_read_with_every_hooks_values():
     assert dict(setup.delivered[1][1])["a"]["m"] == 1.0 and setup.sums()[:2] == (2.0, 8.0)
     setup.acc.read_now(6)
     assert len(setup.delivered) == 2
+
+
+def test_only_hooks_with_an_after_read_are_told_and_the_others_values_wait_until_asked():
+    class Quiet(jm.Hook):  # reads its mean in after_run (as the reporting hooks do), no after_read
+        accumulators = {"m": Mean("loss")}
+
+    told, quiet = Reads("told", m=Mean("loss")), Quiet()
+    delivered = []
+    acc = Accumulators([quiet, told], on_read=lambda step, values: delivered.append(
+        [(hook.name, hook_values) for hook, hook_values in values]))
+    acc.start(0)
+    acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
+    means = [{"total": np.float32(total), "weight": np.float32(4)} for total in (6, 2)]
+    acc.advance(jnp.asarray(acc._layout.pack_host([np.array(4, np.int32), *means])))
+    read = acc.read(4, [quiet, told])
+    read.host()
+    assert delivered == [[("told", {"m": 0.5})]]
+    assert read.values(quiet) == {"m": 1.5} and read.values(told) == {"m": 0.5}
+    assert len(delivered) == 1
 
 
 def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():

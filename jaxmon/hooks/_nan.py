@@ -20,6 +20,8 @@ from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
+_READ = RunArgs(read=True, late=True)  # one object every trigger: the session reuses what it made of it
+
 
 class NanHook(TimedHook):
     """Stops training when the loss is NaN or infinite (TF's `NanTensorHook`), or rolls
@@ -119,7 +121,7 @@ class NanHook(TimedHook):
         return self.timer.next_trigger(step, exact=False)  # a read a few steps later is as good
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        return RunArgs(read=True, late=True) if self.timer.due(ctx.next_step) else None
+        return _READ if self.timer.due(ctx.next_step) else None
 
     def after_read(self, step: int, values: dict[str, Any]) -> None:
         first = values["first"]
