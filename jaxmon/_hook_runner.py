@@ -140,13 +140,13 @@ class HookRunner:
         self._quiet_step, self._deadlines = 0, []
         self._late: collections.deque = collections.deque()
         self._failures: dict[int, int] = {}
-        self._reported: list[Exception] = []  # the report thread's `after_run` errors, raised on the loop
         # What hooks asked to do once every hook's current event is done (see `later`),
         # and the hook whose event is running; None outside events.
         self._later: list[tuple[Hook | None, Callable[[], Any]]] | None = None
         self._current: Hook | None = None
 
     def begin(self, step: int) -> None:
+        _off_loop.forget_failed()  # an earlier session's, never raised: logged, not raised in this one
         self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
@@ -253,7 +253,10 @@ class HookRunner:
             if before:
                 started = self._start()
                 try:
-                    with self._guard(hook):
+                    if self._guarded:
+                        with self._guard(hook):
+                            args = hook.before_run(ctx)
+                    else:  # the common case, without a context to enter
                         args = hook.before_run(ctx)
                     if args is not None and args is not self._made[i][0]:
                         args = _check_run_args(args, hook)
@@ -272,14 +275,16 @@ class HookRunner:
                 made = self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
                                                    normalize(args.fetches, hook), args.read, reports and args.late))
             call = made[1]
-            (away if call.away else late if call.late else now).append(len(calls))
-            if call.fetches is not None:
-                fetching.append(len(calls))
-            calls.append(call)
             if args.feeds:
                 feeds.append((hook, args.feeds))
             if call.read:
                 readers.append(hook)
+            if not after and call.fetches is None:
+                continue  # nothing to call after the run (a hook that reads for its `after_read`)
+            (away if call.away else late if call.late else now).append(len(calls))
+            if call.fetches is not None:
+                fetching.append(len(calls))
+            calls.append(call)
         return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(readers), tuple(now), tuple(late), tuple(fetching),
                        tuple(away))
 
@@ -294,14 +299,14 @@ class HookRunner:
           step: the step number after the run.
           read: the run's read of the accumulators (`_metrics.Read`), if any hook read.
         """
-        if background.FAILED or self._reported or _off_loop.FAILED:  # a report failed: stop now (after the step:
+        if background.FAILED or _off_loop.FAILED:  # a report failed: stop now (after the step:
             self._raise_reported()  # with several processes, an error there is agreed by every one)
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
         results = result.results or _NONE
-        if plan.late or plan.away:
+        if plan.late or plan.away or read:  # a read's `after_read`s are late too
             self._late.append((plan, result.outputs, step, read, results))
         caller, now = result.caller, plan.now
         if caller is not None or (results is not _NONE and any(results[i] is not None for i in now)):
@@ -336,9 +341,9 @@ class HookRunner:
         that only report: queued on the report thread)."""
         while self._late:
             plan, outputs, step, read, results = self._late.popleft()
+            if read:
+                read.host()  # every `after_read`, on the loop
             if plan.away:
-                if read:
-                    read.host()  # every `after_read` on the loop, before the values go to the report thread
                 _off_loop.submit(self._report, plan, results, outputs, step, read)
             if not plan.late:
                 continue
@@ -365,18 +370,14 @@ class HookRunner:
             except Exception as error:
                 if self._raises(call.hook, error):
                     error.add_note(f"(raised in {call.hook!r}.after_run at step {step}, on the report thread)")
-                    self._reported.append(error)
+                    _off_loop.FAILED.append(error)
                 else:
                     self._warn(call.hook, "after_run", step, error)
 
     def _raise_reported(self) -> None:
-        """Raises the first failure of a report (a summary write, a reporting `after_run`, a
-        hook's work on the report thread)."""
+        """Raises the first failure on the report thread (a summary write, a reporting `after_run`)."""
         background.raise_failed_write()
         _off_loop.raise_failed()
-        if self._reported:
-            error, self._reported = self._reported[0], []
-            raise error
 
     def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | _Nothing,
                         outputs: Any, step: int, read: Any) -> None:
@@ -389,11 +390,10 @@ class HookRunner:
                 accumulated = read.values(call.hook) if call.read and read is not None else None
                 self._current, started = call.hook, self._start()
                 try:
+                    values = plain if results[i] is None and accumulated is None else RunValues(
+                        results[i], step, outputs, accumulated)
                     with self._guard(call.hook):
-                        if results[i] is None and accumulated is None:
-                            call.hook.after_run(plan.ctx, plain)
-                        else:
-                            call.hook.after_run(plan.ctx, RunValues(results[i], step, outputs, accumulated))
+                        call.hook.after_run(plan.ctx, values)
                 except Exception as error:
                     self.failed(call.hook, "after_run", step, error)
                 finally:

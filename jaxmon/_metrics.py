@@ -103,7 +103,8 @@ class Accumulators:
         self._of_hook: dict[int, list[int]] = {}  # each hook's entries
         for i, (hook, _, _) in enumerate(self._entries):
             self._of_hook.setdefault(id(hook), []).append(i)
-        self._told = [hook for hook in self._hooks if getattr(type(hook), "after_read", None) is not Hook.after_read]
+        #: The hooks told of every read: those with an `after_read` (the others' results wait until asked for).
+        self.told = [hook for hook in self._hooks if getattr(type(hook), "after_read", None) is not Hook.after_read]
         self._on_read = on_read
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
@@ -254,7 +255,7 @@ class Accumulators:
     def deliver(self, read: Read) -> None:
         """Every `after_read` of `read` (the hooks that have one: the others' values wait
         until asked for, on whichever thread asks)."""
-        self._on_read(read.step, [(hook, read.values(hook)) for hook in self._told])
+        self._on_read(read.step, [(hook, read.values(hook)) for hook in self.told])
 
     @property
     def compile_count(self) -> int:
@@ -272,13 +273,30 @@ class Read:
         #: The slots this read starts afresh (None: none), and the carry on the host once read.
         self.mask, self.host_carry = mask, None
         self._values: dict[int, dict[str, Any]] = {}
-        _off_loop.submit(_copy_to_host_async, carry)  # started by the report thread: off the loop's time
+        self._ahead: tuple[np.ndarray, dict[int, dict[str, Any]]] | None = None  # what `_fetch` read
+        _off_loop.submit(self._fetch)  # the loop reads it one run later: started off the loop, at once
+
+    def _fetch(self) -> None:
+        """On the report thread: the carry on the host and the results of the hooks told of
+        the read, ahead of `host()` (which does it itself when this is not done yet)."""
+        carry = self.carry
+        try:
+            if carry is not None:
+                host = _read(carry)
+                self._ahead = host, {id(hook): self._accumulators.results(host, self._steps, hook)
+                                     for hook in self._accumulators.told}
+        except Exception:  # noqa: BLE001 - `host()` reads again on the loop, and raises what fails there
+            return
 
     def host(self) -> None:
         """The carry on the host, and every `after_read` (once)."""
         if self.host_carry is None:
-            carry = self.carry  # one array: read as it is, the common case
-            self.host_carry = np.asarray(carry) if carry.is_fully_addressable else to_host(carry)
+            ahead = self._ahead
+            if ahead is None:
+                self.host_carry = _read(self.carry)
+            else:
+                self.host_carry = ahead[0]
+                self._values.update(ahead[1])
             self.carry = None
             self._accumulators.deliver(self)
 
@@ -291,5 +309,6 @@ class Read:
         return values
 
 
-def _copy_to_host_async(carry: jax.Array) -> None:
-    (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
+def _read(carry: jax.Array) -> np.ndarray:
+    """The carry on the host (one array: read as it is, the common case)."""
+    return np.asarray(carry) if carry.is_fully_addressable else to_host(carry)

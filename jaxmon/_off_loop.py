@@ -16,11 +16,14 @@ run's step (`raise_failed`), or by `sync()`; a writer keeps its own (see
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger("jaxmon")
 
 #: The most pieces of work submitted before `submit` hands them over, and the most lists of
 #: them (a run's reports each) queued before `flush` waits for the thread.
@@ -81,6 +84,15 @@ def raise_failed() -> None:
         error = FAILED[0]
         FAILED.clear()
         raise error
+
+
+def forget_failed() -> None:
+    """Logs and forgets the failures on the report thread that no session raised (work of
+    a session that has ended), so that a new session does not raise them."""
+    wait()
+    for error in FAILED:
+        logger.warning("A report of an earlier session failed after it ended: %r", error)
+    FAILED.clear()
 
 
 def reports(after_run: Callable[..., None]) -> Callable[..., None]:
