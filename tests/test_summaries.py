@@ -604,7 +604,7 @@ def test_a_recovery_during_a_traced_run_does_not_break_the_session(tmp_path):
         stop_any_trace()
 
 
-# -- the writer's thread -------------------------------------------------------------------
+# -- the report thread ---------------------------------------------------------------------
 
 
 def test_summaries_are_written_on_the_writers_thread_and_on_disk_at_close(tmp_path, monkeypatch):
@@ -635,7 +635,7 @@ def test_a_summary_write_that_fails_on_the_writers_thread_stops_the_next_run(tmp
         with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
             for _ in range(6):
                 sess.run()
-                time.sleep(0.2)  # the writer's thread has written (and failed) before the next run
+                time.sleep(0.2)  # the report thread has written (and failed) before the next run
     # Step 1's summaries are delivered late, written during run 2; run 3 raised after its step.
     assert sess.step == 3
     assert "(raised in" not in "".join(getattr(raised.value, "__notes__", []))  # the writer's, not a hook's

@@ -101,6 +101,6 @@ class BackgroundWriter:
 
 
 def _host(values: Mapping[str, Any]) -> dict[str, Any]:
-    """`values` as the writer's thread may keep them: each array copied to the host now
+    """`values` as the report thread may keep them: each array copied to the host now
     (a device array may be donated to the next step, a NumPy buffer reused)."""
     return {key: np.array(value) if hasattr(value, "__array__") else value for key, value in values.items()}
