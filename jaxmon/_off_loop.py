@@ -11,7 +11,8 @@ a checkpoint's steps are reported on disk when it is complete.
 
 A failure of work queued here is kept in `FAILED` and raised on the loop after its next
 run's step (`raise_failed`), or by `sync()`; a writer keeps its own (see
-`BackgroundWriter`), and the hook runner applies each reporting hook's `on_error`.
+`BackgroundWriter`), and the hook runner (and `submit_for`, for a hook's own reports)
+applies the hook's `on_error`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def submit(fn: Callable[..., Any], *args: Any) -> None:
         full = len(_pending) >= MAX_QUEUED
     if full:
         flush()
+
+
+def submit_for(hook: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """`submit(fn, *args)`, a report of `hook`'s, under its `on_error`: a failure is raised
+    on the loop after a later run's step ("raise") or logged ("warn")."""
+    submit(_under_policy, hook, fn, args)
+
+
+def _under_policy(hook: Any, fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        fn(*args)
+    except Exception as error:
+        if hook.on_error != "warn":
+            raise  # into FAILED: raised on the loop
+        logger.warning("%r failed to report on the report thread (on_error='warn'): %r", hook, error)
 
 
 def flush() -> None:

@@ -126,3 +126,30 @@ def test_a_failure_no_session_raised_is_logged_by_the_next_session_not_raised(ca
     assert sess.step == 1
     assert any("earlier session failed" in r.getMessage() and "oops after the end" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_a_step_counter_whose_write_fails_follows_its_on_error(on_error, caplog):
+    class Broken(RecordingWriter):
+        def write_scalars(self, step, scalars):
+            raise OSError(f"disk full at {step}")
+
+    clock = FakeClock()
+    hook = jm.StepCounterHook(every_n_steps=2, summary_writer=Broken(), clock=clock, on_error=on_error)
+    sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        if on_error == "raise":
+            with pytest.raises(OSError, match="disk full at 2"):
+                for _ in range(6):
+                    clock.t += 0.5
+                    sess.run()
+                    _off_loop.wait()
+            assert sess.step == 3  # the rate of step 2 fails on the report thread; raised after the next run
+        else:
+            for _ in range(6):
+                clock.t += 0.5
+                sess.run()
+            assert sess.step == 6
+        sess.close()
+    warned = [r.getMessage() for r in caplog.records if "failed to report" in r.getMessage()]
+    assert (len(warned) == 3 and "disk full at 2" in warned[0]) if on_error == "warn" else warned == []

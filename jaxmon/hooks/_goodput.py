@@ -137,7 +137,7 @@ class GoodputHook(TimedHook):
         """The breakdown of `step` written on the report thread (see `_off_loop`): the loop
         only takes the figures."""
         summarized, clocks, record = self._figures(step)
-        _off_loop.submit(self._reported, summarized, clocks, record)
+        _off_loop.submit_for(self, self._report, summarized, clocks, record)
         if record is not None:  # what a killed process leaves to the next one: handed over now
             _off_loop.flush()
 
@@ -157,15 +157,6 @@ class GoodputHook(TimedHook):
                 "last_step": self._last_step, "steps_run": self._last_step - self._start_step + self._redone_steps,
                 "spent": _spent(*clocks)}}
         return summarized, clocks, record
-
-    def _reported(self, step: int | None, clocks: tuple, record: dict[str, Any] | None) -> None:
-        """`_report` on the report thread, under the hook's `on_error`."""
-        try:
-            self._report(step, clocks, record)
-        except Exception as error:
-            if self.on_error != "warn":
-                raise  # after the loop's next step
-            logger.warning("GoodputHook: writing the breakdown of step %s failed: %r", step, error)
 
     def _report(self, step: int | None, clocks: tuple, record: dict[str, Any] | None) -> None:
         """The breakdown as `goodput/*` summaries of `step` (None: none) and `record` into `goodput.json`."""

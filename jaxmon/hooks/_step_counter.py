@@ -93,22 +93,17 @@ class StepCounterHook(TimedHook):
         elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
         if not elapsed_secs or elapsed_steps <= 0:
             return
-        _off_loop.submit(self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)
+        _off_loop.submit_for(self, self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)
 
     def _report(self, step: int, rate: float, batch: Any) -> None:
         """The rate's log line and summaries, on the report thread (see `_off_loop`)."""
-        try:
-            scalars = {self.tag: rate}
-            batch_size = self.batch_size or _batch_size(batch)
-            if batch_size:
-                scalars["examples/sec"] = rate * batch_size
-            logger.info("%s: %g", self.tag, rate)
-            if self._slot.writer is not None:
-                self._slot.writer.write_scalars(step, scalars)
-        except Exception as error:
-            if self.on_error != "warn":
-                raise  # after the loop's next step
-            logger.warning("%r failed to report step %d's rate: %r", self, step, error)
+        scalars = {self.tag: rate}
+        batch_size = self.batch_size or _batch_size(batch)
+        if batch_size:
+            scalars["examples/sec"] = rate * batch_size
+        logger.info("%s: %g", self.tag, rate)
+        if self._slot.writer is not None:
+            self._slot.writer.write_scalars(step, scalars)
 
     def close(self) -> None:
         self._slot.close()
