@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 from jaxmon._errors import check_int, check_number
 
+_new_tuple = tuple.__new__
+
 
 class Trigger(NamedTuple):
     """When a hook must next act (what `Hook.next_trigger` returns): after the run
@@ -182,6 +184,7 @@ class Every(SecondOrStepTimer):
     def reset(self) -> None:
         super().reset()
         self._waited: float | None = None
+        self._made: Trigger | None = None  # the last `next_trigger`
 
     def start(self, step: int) -> None:
         """The session starts (or resumes) at `step`: seconds count from now, less how
@@ -195,7 +198,10 @@ class Every(SecondOrStepTimer):
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         if self._last_time is None and self._last_step is not None:  # restored by a hook that never started it
             self.start(step)
-        return super().update_last_triggered_step(step)
+        now = self._clock()  # as SecondOrStepTimer's, inline (a trigger run calls it for every hook that acts)
+        elapsed = (None, None) if self._last_step is None else (now - self._last_time, step - self._last_step)
+        self._last_step, self._last_time = step, now
+        return elapsed
 
     def should_trigger_for_step(self, step: int) -> bool:
         before = self._last_step or 0
@@ -210,10 +216,15 @@ class Every(SecondOrStepTimer):
     def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
         first = 1 if self.first and step < 1 else math.inf
         if self.every_steps:
-            return Trigger(min(first, (step // self.every_steps + 1) * self.every_steps), exact=exact)
-        if self._last_time is None:
+            at, deadline, clock = min(first, (step // self.every_steps + 1) * self.every_steps), math.inf, None
+        elif self._last_time is None:
             return None
-        return Trigger(first, self._last_time + self.every_secs, self._clock, exact)
+        else:
+            at, deadline, clock = first, self._last_time + self.every_secs, self._clock
+        made = self._made  # asked again before it is due (the session does): the same answer, not a new one
+        if made is None or made.step != at or made.time != deadline or made.clock is not clock or made.exact != exact:
+            made = self._made = _new_tuple(Trigger, (at, deadline, clock, exact))
+        return made
 
     def get_state(self) -> dict[str, int | float | None]:
         """The last action's step and, for seconds, how long ago it was."""
