@@ -14,8 +14,8 @@ import numpy as np
 from jaxmon import _errors, _fetches, _sharding
 from jaxmon._batches import on_device, pad_run
 from jaxmon._hook import Hook
-from jaxmon._hook_runner import RunPlan, RunResult
 from jaxmon._metrics import Accumulators
+from jaxmon._run_plan import RunPlan, RunResult
 from jaxmon._step import CompiledStep
 
 NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
@@ -54,7 +54,7 @@ class Dispatch:
         self._placement = placement
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
-        self._plans: dict[tuple[int, ...], tuple[tuple, _fetches.FetchPlan]] = {}  # by the fetching calls
+        self._plans: dict[int, tuple[tuple, _fetches.FetchPlan]] = {}  # by the id of the plan's calls
         self._last_batch, self._last_index = None, None
         #: The last run's outputs (device arrays); empty before the first run.
         self.last_outputs: Mapping[str, Any] = {}
@@ -77,9 +77,9 @@ class Dispatch:
         """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
         `plan` merged into `batch` and every fetch of `plan` and the caller's
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
-        fed, fetches, fetching = batch, NOTHING_FETCHED, ()
+        fed, fetches, fetching, kept = batch, NOTHING_FETCHED, (), False
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
-            fed, fetches, fetching = _requests(batch, plan, wanted, length, self._plans)
+            fed, fetches, fetching, kept = _requests(batch, plan, wanted, length, self._plans)
         size = self._compiled.run_size(state, length)
         if size != length:  # one program takes every run length: the batch padded to its length
             padded = pad_run(batch, length, size)
@@ -114,11 +114,14 @@ class Dispatch:
         self._last_batch, self.last_outputs, self._last_index = fed, outputs, length - 1 if size > 1 else None
         if fetches is NOTHING_FETCHED:
             return _new_tuple(RunResult, (new_state, outputs, None, ()))  # RunResult(new_state, outputs), faster
-        caller, *values = fetches.route(outputs, fetched)
-        if not fetching:
-            return RunResult(new_state, outputs, caller)
-        routed = dict(zip(fetching, values, strict=True))
-        return RunResult(new_state, outputs, caller, tuple(routed.get(i) for i in range(len(plan.calls))))
+        if kept:  # the hooks' fetches as a run before (their names checked then): routed where they are read
+            return _new_tuple(RunResult, (new_state, outputs, None, _fetches.Routed(fetches, outputs, fetched,
+                                                                                   fetching, len(plan.calls))))
+        caller, *values = fetches.route(outputs, fetched)  # now: a name that is no output raises on this run
+        results = [None] * len(plan.calls)
+        for i, value in zip(fetching, values, strict=True):
+            results[i] = value
+        return _new_tuple(RunResult, (new_state, outputs, caller, tuple(results) if fetching else ()))
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
@@ -157,26 +160,27 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
 
 
 def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
-              plans: dict[tuple[int, ...], tuple[tuple, _fetches.FetchPlan]]) -> tuple[Any, _fetches.FetchPlan,
-                                                                                   tuple[int, ...]]:
+              plans: dict[int, tuple[tuple, _fetches.FetchPlan]]) -> tuple[Any, _fetches.FetchPlan,
+                                                                          tuple[int, ...], bool]:
     """The batch with the plan's feeds merged in, the run's fetch plan (the caller's
-    first, then each fetching call's), and the indices of those calls in the plan. The
-    plans of the hooks' own fetches are kept in `plans`, by their calls (which the runner
-    keeps for a hook that asks the same again: `HookRunner._plan`)."""
+    first, then each fetching call's), the indices of those calls in the plan, and
+    whether that fetch plan was made for a run before. The plans of the hooks' own
+    fetches are kept in `plans`, by the plan's calls (the runner gives the same calls
+    to hooks that ask the same again: `HookRunner._plan`)."""
     fetching = plan.fetching
     fed = _with_feeds(batch, plan.feeds, length) if plan.feeds else batch
     if not fetching and wanted is None:
-        return fed, NOTHING_FETCHED, fetching
-    calls = tuple(plan.calls[i] for i in fetching)
-    kept = plans.get(key := tuple(map(id, calls))) if wanted is None else None
-    if kept is not None and all(a is b for a, b in zip(kept[0], calls, strict=True)):
-        return fed, kept[1], fetching
-    fetches = _fetches.FetchPlan([("run(fetches=...)", wanted), *[(call.hook, call.fetches) for call in calls]])
+        return fed, NOTHING_FETCHED, fetching, False
+    kept = plans.get(id(plan.calls)) if wanted is None else None
+    if kept is not None and kept[0] is plan.calls:
+        return fed, kept[1], fetching, True
+    fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
+                                  *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
     if wanted is None:
         if len(plans) >= 64:  # hooks that ask anew every time
             plans.clear()
-        plans[key] = calls, fetches
-    return fed, fetches, fetching
+        plans[id(plan.calls)] = plan.calls, fetches
+    return fed, fetches, fetching, False
 
 
 def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:

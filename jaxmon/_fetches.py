@@ -104,6 +104,31 @@ class FetchPlan:
         ]
 
 
+class Routed(Sequence):
+    """One run's fetched values by the index of each call in its plan (None for a call
+    that fetched nothing), routed by `plan` (whose requests are the caller's, then
+    those of the calls numbered `fetching`) when first asked for: on the loop for the
+    calls made there, on the report thread for the calls that only report."""
+
+    def __init__(self, plan: FetchPlan, outputs: Mapping[str, Any], fetched: Sequence[Any],
+                 fetching: Sequence[int], size: int):
+        self._plan, self._outputs, self._fetched, self._fetching = plan, outputs, fetched, fetching
+        self._size, self._values = size, None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, i: int) -> Any:
+        if not 0 <= i < self._size:
+            raise IndexError(i)
+        if self._values is None:  # two threads may both route: the same values
+            values = [None] * self._size
+            for at, value in zip(self._fetching, self._plan.route(self._outputs, self._fetched)[1:], strict=True):
+                values[at] = value
+            self._values = values
+        return self._values[i]
+
+
 def output(outputs: Mapping[str, Any], name: str, owner: object) -> Any:
     """The output `name`: a key of `outputs`, or the path of a nested one
     (`"grads/conv1/w"`, or `"grads"` for the whole sub-dict)."""

@@ -12,15 +12,16 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from jaxmon import _errors, _off_loop
 from jaxmon._errors import NanLossDuringTrainingError
-from jaxmon._fetches import Wanted, normalize
+from jaxmon._fetches import normalize
 from jaxmon._goodput import category_of
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
 from jaxmon._host_syncs import HostSyncError, HostSyncs
+from jaxmon._run_plan import NO_RESULTS, QUIET, Call, NoResults, RunPlan, RunResult
 from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
 from jaxmon._writers import background
@@ -28,78 +29,10 @@ from jaxmon._writers import background
 logger = logging.getLogger("jaxmon")
 
 
-class Call(NamedTuple):
-    """One hook's part in a run: its `after_run` follows (`late`: one run later; `away`:
-    then on the report thread), with the values of its `fetches` and, if it `read`s, its
-    accumulators."""
-
-    hook: Hook
-    late: bool = False
-    fetches: Wanted | None = None
-    read: bool = False
-    away: bool = False
-
-
-class RunPlan(NamedTuple):
-    """What the hooks asked of one run, in hook order.
-
-    Attributes:
-      ctx: the run's context (None for a run that calls no hook).
-      calls: the hooks whose `after_run` follows this run.
-      feeds: `(hook, feeds)` of the hooks that feed the batch.
-      readers: the hooks that read their accumulators after this run.
-      now, late, away, fetching: the indices in `calls` of those called after this run,
-        of those called one run later on the loop, and on the report thread, and of
-        those that fetch.
-    """
-
-    ctx: RunContext | None
-    calls: tuple[Call, ...] = ()
-    feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()
-    readers: tuple[Hook, ...] = ()
-    now: tuple[int, ...] = ()
-    late: tuple[int, ...] = ()
-    fetching: tuple[int, ...] = ()
-    away: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, ctx: RunContext | None, calls: tuple[Call, ...],
-           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()) -> RunPlan:
-        """The plan of `calls`, its readers and indices derived (`HookRunner.before_run`
-        builds them as it goes)."""
-        return cls(ctx, calls, feeds, tuple(call.hook for call in calls if call.read),
-                   tuple(i for i, call in enumerate(calls) if not call.late),
-                   tuple(i for i, call in enumerate(calls) if call.late and not call.away),
-                   tuple(i for i, call in enumerate(calls) if call.fetches is not None),
-                   tuple(i for i, call in enumerate(calls) if call.away))
-
-
 _AS_IS = contextlib.nullcontext()
-#: The plan of a run that every hook sleeps through: no event is called.
-QUIET = RunPlan(None)
 #: A hook's trigger when it must be called on the next run (asked again then).
 _NOW = Trigger(step=0)
-
-
-class _Nothing:
-    """The results of a run in which no call fetched anything: None for every call."""
-
-    def __getitem__(self, i: int) -> None:
-        return None
-
-
-_NONE = _Nothing()
-
-
-class RunResult(NamedTuple):
-    """What one dispatch returns: the new state, the outputs (device arrays), the
-    caller's fetches and, for each call of the plan, its fetched values (on the
-    device; None where it fetched nothing)."""
-
-    state: Any
-    outputs: Any
-    caller: Any = None
-    results: tuple[Any, ...] = ()
+_new_tuple = tuple.__new__
 
 
 class HookRunner:
@@ -135,7 +68,13 @@ class HookRunner:
         self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook),
                         _off_loop.reports_off_loop(hook)) for hook in self.hooks]
         self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
+        self._sleepers = [(i, schedule.next) for i, (_, _, _, schedule, _, _) in enumerate(self._calls)
+                          if schedule.next is not None]
+        self._awake = any(schedule.next is None and (before or after)  # a hook called on every run
+                          for _, before, after, schedule, _, _ in self._calls)
         self._made: list[tuple[RunArgs | None, Call | None]] = [(None, None)] * len(self._calls)  # each hook's last
+        self._plans: dict[tuple[int, ...], RunPlan] = {}  # by the ids of the awake hooks' calls (which it holds)
+        self._silent = {id(hook) for hook, _, after, _, _, _ in self._calls if not after}  # hooks with no after_run
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
         self._late: collections.deque = collections.deque()
@@ -240,15 +179,14 @@ class HookRunner:
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`."""
         step, next_step = ctx.step, ctx.step + ctx.steps
-        calls, feeds, readers, now, late, fetching, away = [], [], [], [], [], [], []
+        made, feeds = [], []  # the `Call` of every awake hook that is called after the run or reads
         for i, (hook, before, after, schedule, plain, reports) in enumerate(self._calls):
             if schedule.next is not None:  # asleep: before its trigger's step and time
                 trigger = self._wake[i]
+                if trigger is _NOW:  # not asked since it was created, or it said "the next run": ask
+                    trigger = self._wake[i] = schedule.next(step) or _NOW
                 if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
                     continue  # nothing to do before its next trigger
-                trigger = self._wake[i] = schedule.next(step) or _NOW
-                if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
-                    continue
             args = None
             if before:
                 started = self._start()
@@ -267,26 +205,23 @@ class HookRunner:
                     self._took(hook, started)
             if args is None:
                 if after:
-                    now.append(len(calls))
-                    calls.append(plain)
+                    made.append(plain)
                 continue
-            made = self._made[i]
-            if made[0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
-                made = self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
-                                                   normalize(args.fetches, hook), args.read, reports and args.late))
-            call = made[1]
+            if self._made[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
+                self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
+                                            normalize(args.fetches, hook), args.read, reports and args.late))
+            made.append(self._made[i][1])
             if args.feeds:
                 feeds.append((hook, args.feeds))
-            if call.read:
-                readers.append(hook)
-            if not after and call.fetches is None:
-                continue  # nothing to call after the run (a hook that reads for its `after_read`)
-            (away if call.away else late if call.late else now).append(len(calls))
-            if call.fetches is not None:
-                fetching.append(len(calls))
-            calls.append(call)
-        return RunPlan(ctx, tuple(calls), tuple(feeds), tuple(readers), tuple(now), tuple(late), tuple(fetching),
-                       tuple(away))
+        if not made:
+            return RunPlan(ctx)
+        plans, key = self._plans, tuple(map(id, made))  # the same calls as a run before: the same plan
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= 64:  # hooks that ask anew every time
+                plans.clear()
+            plan = plans[key] = RunPlan.of(None, tuple(made), without=self._silent)
+        return _new_tuple(RunPlan, (ctx, plan.calls, tuple(feeds), *plan[3:]))
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
@@ -305,31 +240,28 @@ class HookRunner:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
-        results = result.results or _NONE
+        results = result.results or NO_RESULTS
         if plan.late or plan.away or read:  # a read's `after_read`s are late too
             self._late.append((plan, result.outputs, step, read, results))
-        caller, now = result.caller, plan.now
-        if caller is not None or (results is not _NONE and any(results[i] is not None for i in now)):
+        caller, now, fetched = result.caller, plan.now, NO_RESULTS
+        if caller is not None or (results is not NO_RESULTS and _fetch(plan, now)):
             caller, host = to_host((caller, [results[i] for i in now]))
-            results = dict(zip(now, host, strict=True))
+            fetched = dict(zip(now, host, strict=True))
         if now:
-            self._call_after_run(plan, now, results, result.outputs, step, read)
+            self._call_after_run(plan, now, fetched, result.outputs, step, read)
         self._settle(step)
-        _off_loop.flush()  # the run's reports to the report thread, at once
+        if not self._late:  # else with the late ones, after the next run's step: one wake-up of the thread
+            _off_loop.flush()  # the run's reports to the report thread
         return caller
 
     def _settle(self, step: int) -> None:
         """After a run's events: until which step (and time) every hook sleeps, so that
         the runs before it are quiet."""
-        quiet, deadlines = math.inf, []
-        for i, (_, before, after, schedule, _, _) in enumerate(self._calls):
-            if schedule.next is None:
-                if before or after:
-                    quiet = 0
-                continue
-            trigger = self._wake[i]
+        quiet, deadlines, wake = 0 if self._awake else math.inf, [], self._wake
+        for i, ask in self._sleepers:
+            trigger = wake[i]
             if step + 1 >= trigger.step or (trigger.clock is not None and trigger.clock() >= trigger.time):
-                trigger = self._wake[i] = schedule.next(step) or _NOW
+                trigger = wake[i] = ask(step) or _NOW
             if trigger.step < quiet:
                 quiet = trigger.step
             if trigger.clock is not None and trigger.time != math.inf:
@@ -347,7 +279,7 @@ class HookRunner:
                 _off_loop.submit(self._report, plan, results, outputs, step, read)
             if not plan.late:
                 continue
-            if results is not _NONE:
+            if results is not NO_RESULTS:
                 results = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True))
             self._call_after_run(plan, plan.late, results, outputs, step, read)
         _off_loop.flush()
@@ -379,7 +311,7 @@ class HookRunner:
         background.raise_failed_write()
         _off_loop.raise_failed()
 
-    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | _Nothing,
+    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | NoResults,
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
         plain = RunValues(None, step, outputs)
@@ -392,13 +324,17 @@ class HookRunner:
                 try:
                     values = plain if results[i] is None and accumulated is None else RunValues(
                         results[i], step, outputs, accumulated)
-                    with self._guard(call.hook):
+                    if self._guarded:
+                        with self._guard(call.hook):
+                            call.hook.after_run(plan.ctx, values)
+                    else:  # the common case, without a context to enter
                         call.hook.after_run(plan.ctx, values)
                 except Exception as error:
                     self.failed(call.hook, "after_run", step, error)
                 finally:
                     self._took(call.hook, started)
-            self._run_later("after_run", step)
+            if self._later:
+                self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
 
@@ -471,6 +407,14 @@ class HookRunner:
         if count <= 3 or count in (10, 100) or count % 1000 == 0:
             logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
                            hook, event, step, count, error, exc_info=count == 1)
+
+
+def _fetch(plan: RunPlan, indices: tuple[int, ...]) -> bool:
+    """Whether a call of `plan` numbered in `indices` fetches."""
+    for i in indices:
+        if plan.calls[i].fetches is not None:
+            return True
+    return False
 
 
 def _has(hook: Hook, event: str) -> bool:

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmon import _off_loop
 from jaxmon._batches import one_step
 from jaxmon._hook import Hook
 from jaxmon._host import to_host
@@ -108,7 +107,7 @@ class Accumulators:
         self._on_read = on_read
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
-        self._restarts: dict[tuple[int, ...], tuple[np.ndarray | None, Any]] = {}  # by readers: (mask, program)
+        self._restarts: dict[int, tuple[Sequence, np.ndarray | None, Any]] = {}  # by readers: (them, mask, program)
         self._sharding: Any = None
         #: The carry the next run starts from; None before the first run after `start`.
         self.carry: jax.Array | None = None
@@ -207,10 +206,12 @@ class Accumulators:
 
     def _read(self, step: int, readers: Sequence[Any]) -> Read:
         carry = self.carry
-        restart = self._restarts.get(key := tuple(map(id, readers)))
-        if restart is None:
-            restart = self._restarts[key] = self._restart_of(readers)
-        mask, program = restart
+        restart = self._restarts.get(id(readers))  # the runner gives the same readers the same tuple
+        if restart is None or restart[0] is not readers:
+            if len(self._restarts) >= 64:
+                self._restarts.clear()
+            restart = self._restarts[id(readers)] = (readers, *self._restart_of(readers))
+        _, mask, program = restart
         read = self._last_read = Read(self, step, carry, mask,
                                       {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
         for hook in readers:
@@ -264,8 +265,9 @@ class Accumulators:
 
 
 class Read:
-    """One read of the accumulators: the copy to the host starts at once, and the values
-    are delivered (every hook's `after_read`) the first time they are needed."""
+    """One read of the accumulators: the carry after its run, copied to the host and
+    delivered (every hook's `after_read`) the first time it is needed: one run later,
+    or at a `sync()`, a save or `close()`."""
 
     def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, mask: np.ndarray | None,
                  steps: dict[int, int]):
@@ -273,35 +275,15 @@ class Read:
         #: The slots this read starts afresh (None: none), and the carry on the host once read.
         self.mask, self.host_carry = mask, None
         self._values: dict[int, dict[str, Any]] = {}
-        self._ahead: tuple[np.ndarray, dict[int, dict[str, Any]]] | None = None  # what `_fetch` read
-        _off_loop.submit(self._fetch)  # the loop reads it one run later: started off the loop, at once
-
-    def _fetch(self) -> None:
-        """On the report thread: the carry on the host and the results of the hooks told of
-        the read, ahead of `host()` (which does it itself when this is not done yet)."""
-        carry = self.carry
-        try:
-            if carry is not None:
-                host = _read(carry)
-                self._ahead = host, {id(hook): self._accumulators.results(host, self._steps, hook)
-                                     for hook in self._accumulators.told}
-        except Exception:  # noqa: BLE001 - `host()` reads again on the loop, and raises what fails there
-            return
 
     def host(self) -> None:
         """The carry on the host, and every `after_read` (once)."""
         if self.host_carry is None:
-            ahead = self._ahead
-            if ahead is None:
-                self.host_carry = _read(self.carry)
-            else:
-                self.host_carry = ahead[0]
-                self._values.update(ahead[1])
-            self.carry = None
+            self.host_carry, self.carry = _read(self.carry), None
             self._accumulators.deliver(self)
 
     def values(self, hook: Any) -> dict[str, Any]:
-        """`hook`'s results (computed once, when first asked for)."""
+        """`hook`'s results (computed once, when first asked for, on the thread that asks)."""
         values = self._values.get(id(hook))
         if values is None:
             self.host()

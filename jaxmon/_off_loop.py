@@ -2,8 +2,9 @@
 
 Summary writes, the hooks' log lines and the late `after_run`s of the hooks that only
 report (`reports` marks them) run in order on one daemon thread, `jaxmon-report`: the loop
-only lists them (`submit`), and hands a run's list over at once, after the run's events
-(`flush`: one wake-up of the thread per trigger run, not one per write). What is queued
+only lists them (`submit`), and hands the list over after a run's events (`flush`: one
+wake-up of the thread per trigger, not one per write; the hook runner hands a trigger
+run's reports over with its late calls, after the next run's step). What is queued
 is bounded (a loop that reports faster than the thread keeps up waits, rather than
 growing memory). `wait()` returns once everything submitted before it is done: a
 session's `sync()`, every checkpoint (through `flush_all`) and `close()` call it, so that
@@ -36,13 +37,14 @@ FAILED: list[BaseException] = []
 _queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args); a put wakes the thread
 _pending: list[tuple[Callable[..., Any], tuple]] = []  # submitted since the last `flush`
 _thread: threading.Thread | None = None
+_ident: int | None = None  # the thread's
 _lock = threading.Lock()
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> None:
     """Calls `fn(*args)` on the report thread after everything submitted before it, once
     handed over (`flush`, `wait`); on that thread itself: now, which keeps the order."""
-    if _thread is not None and threading.current_thread() is _thread:
+    if threading.get_ident() == _ident:
         fn(*args)
         return
     with _lock:
@@ -125,6 +127,8 @@ def reports_off_loop(hook: Any) -> bool:
 
 
 def _work() -> None:
+    global _ident
+    _ident = threading.get_ident()
     while True:
         for fn, args in _queue.get():
             try:
@@ -135,8 +139,8 @@ def _work() -> None:
 
 def _forget_thread() -> None:
     """In a forked child the thread is gone: the next `flush` starts another."""
-    global _queue, _pending, _thread, _lock
-    _queue, _pending, _thread, _lock = queue.SimpleQueue(), [], None, threading.Lock()
+    global _queue, _pending, _thread, _ident, _lock
+    _queue, _pending, _thread, _ident, _lock = queue.SimpleQueue(), [], None, None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_thread)

@@ -11,7 +11,7 @@ import pytest
 
 import jaxmon as jm
 from jaxmon._dispatch import Dispatch
-from jaxmon._fetches import normalize
+from jaxmon._fetches import Routed, normalize
 from jaxmon._hook_runner import QUIET, Call, RunPlan, RunResult
 
 
@@ -79,6 +79,21 @@ def test_each_calls_values_line_up_with_the_plans_calls_and_the_callers_come_apa
     assert {k: float(v) for k, v in named.items()} == {"d": 8.0, "t": 6.0}  # doubled sees the new state, 4
     assert [float(v) for v in result.caller] == [3.0, 8.0]
     assert isinstance(loss, jax.Array)  # on the device: the runner reads them on the host
+
+
+def test_the_same_calls_again_get_their_values_routed_when_first_asked_for_and_a_bad_name_raises_at_once(
+        dispatch):
+    run_plan = plan((A, "loss"), (B, None), (C, {"d": doubled, "t": "nested/twice"}))
+    first = dispatch(jnp.float32(3.0), BATCH, run_plan, None, 1, 0)
+    assert isinstance(first.results, tuple)  # a new fetch plan: routed now, which checks the names
+    again = dispatch(jnp.float32(3.0), BATCH, run_plan, None, 1, 0)
+    assert isinstance(again.results, Routed) and len(again.results) == 3
+    loss, nothing, named = again.results  # routed here, as the report thread does for the hooks that report
+    assert float(loss) == 3.0 and nothing is None and {k: float(v) for k, v in named.items()} == {"d": 8.0, "t": 6.0}
+    with pytest.raises(IndexError):
+        again.results[3]
+    with pytest.raises(ValueError, match="fetches 'nope', which is not an output"):
+        dispatch(jnp.float32(3.0), BATCH, plan((A, "nope")), None, 1, 0)
 
 
 def test_a_plan_whose_calls_fetch_nothing_has_no_results_but_the_caller_still_gets_its(dispatch):
