@@ -180,39 +180,46 @@ class HookRunner:
         """The `before_run` of every hook awake for the run of `ctx`."""
         step, next_step = ctx.step, ctx.step + ctx.steps
         made, feeds = [], []  # the `Call` of every awake hook that is called after the run or reads
-        for i, (hook, before, after, schedule, plain, reports) in enumerate(self._calls):
-            if schedule.next is not None:  # asleep: before its trigger's step and time
-                trigger = self._wake[i]
-                if trigger is _NOW:  # not asked since it was created, or it said "the next run": ask
-                    trigger = self._wake[i] = schedule.next(step) or _NOW
-                if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
-                    continue  # nothing to do before its next trigger
-            args = None
-            if before:
-                started = self._start()
-                try:
-                    if self._guarded:
-                        with self._guard(hook):
+        last = self._start()  # each awake hook's time runs from the end of the one before (inline: no calls)
+        try:
+            for i, (hook, before, after, schedule, plain, reports) in enumerate(self._calls):
+                if schedule.next is not None:  # asleep: before its trigger's step and time
+                    trigger = self._wake[i]
+                    if trigger is _NOW:  # not asked since it was created, or it said "the next run": ask
+                        trigger = self._wake[i] = schedule.next(step) or _NOW
+                    if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
+                        continue  # nothing to do before its next trigger
+                args = None
+                if before:
+                    try:
+                        if self._guarded:
+                            with self._guard(hook):
+                                args = hook.before_run(ctx)
+                        else:  # the common case, without a context to enter
                             args = hook.before_run(ctx)
-                    else:  # the common case, without a context to enter
-                        args = hook.before_run(ctx)
-                    if args is not None and args is not self._made[i][0]:
-                        args = _check_run_args(args, hook)
-                except Exception as error:
-                    self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
+                        if args is not None and args is not self._made[i][0]:
+                            args = _check_run_args(args, hook)
+                    except Exception as error:
+                        self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
+                        continue
+                    finally:
+                        if last is not None:  # inline: a trigger run times every awake hook
+                            now = time.perf_counter()
+                            self._spent[self._categories[id(hook)]] += now - last
+                            last = now
+                if args is None:
+                    if after:
+                        made.append(plain)
                     continue
-                finally:
-                    self._took(hook, started)
-            if args is None:
-                if after:
-                    made.append(plain)
-                continue
-            if self._made[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
-                self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
-                                            normalize(args.fetches, hook), args.read, reports and args.late))
-            made.append(self._made[i][1])
-            if args.feeds:
-                feeds.append((hook, args.feeds))
+                if self._made[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
+                    self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
+                                                normalize(args.fetches, hook), args.read, reports and args.late))
+                made.append(self._made[i][1])
+                if args.feeds:
+                    feeds.append((hook, args.feeds))
+        finally:
+            if last is not None:
+                self._timing = False
         if not made:
             return RunPlan(ctx)
         plans, key = self._plans, tuple(map(id, made))  # the same calls as a run before: the same plan
@@ -315,24 +322,31 @@ class HookRunner:
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
         plain = RunValues(None, step, outputs)
-        outer = self._open()
+        outer, last = self._open(), self._start()
         try:
-            for i in indices:
-                call = plan.calls[i]
-                accumulated = read.values(call.hook) if call.read and read is not None else None
-                self._current, started = call.hook, self._start()
-                try:
-                    values = plain if results[i] is None and accumulated is None else RunValues(
-                        results[i], step, outputs, accumulated)
-                    if self._guarded:
-                        with self._guard(call.hook):
+            try:
+                for i in indices:
+                    call = plan.calls[i]
+                    accumulated = read.values(call.hook) if call.read and read is not None else None
+                    self._current = call.hook
+                    try:
+                        values = plain if results[i] is None and accumulated is None else RunValues(
+                            results[i], step, outputs, accumulated)
+                        if self._guarded:
+                            with self._guard(call.hook):
+                                call.hook.after_run(plan.ctx, values)
+                        else:  # the common case, without a context to enter
                             call.hook.after_run(plan.ctx, values)
-                    else:  # the common case, without a context to enter
-                        call.hook.after_run(plan.ctx, values)
-                except Exception as error:
-                    self.failed(call.hook, "after_run", step, error)
-                finally:
-                    self._took(call.hook, started)
+                    except Exception as error:
+                        self.failed(call.hook, "after_run", step, error)
+                    finally:
+                        if last is not None:  # as in `_plan`
+                            now = time.perf_counter()
+                            self._spent[self._categories[id(call.hook)]] += now - last
+                            last = now
+            finally:
+                if last is not None:
+                    self._timing = False
             if self._later:
                 self._run_later("after_run", step)
         finally:
