@@ -60,18 +60,19 @@ class HookRunner:
         self._timing = False  # an event is being timed
         self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
         # The hooks between their triggers on every run, and the words of their reads' errors (debug_host_syncs).
+        self._schedules = [schedule_of(hook) for hook in self.hooks]
         self._guarded = {} if self._syncs is None else {
             id(hook): f"in {hook!r}, a hook called on every run (it has no next_trigger)"
-            for hook in self.hooks if schedule_of(hook).next is None}
-        # (hook, has a before_run, has an after_run, its schedule, its plain `Call`, its late after_run only
-        # reports): a run calls no event that does nothing on it.
-        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule_of(hook), Call(hook),
-                        _off_loop.reports_off_loop(hook)) for hook in self.hooks]
+            for hook, schedule in zip(self.hooks, self._schedules, strict=True) if schedule.next is None}
+        # (hook, has a before_run, has an after_run, its `next_trigger` (None: called on every run), its plain
+        # `Call`, its late after_run only reports): a run calls no event that does nothing on it.
+        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule.next, Call(hook),
+                        _off_loop.reports_off_loop(hook))
+                       for hook, schedule in zip(self.hooks, self._schedules, strict=True)]
         self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
-        self._sleepers = [(i, schedule.next) for i, (_, _, _, schedule, _, _) in enumerate(self._calls)
-                          if schedule.next is not None]
-        self._awake = any(schedule.next is None and (before or after)  # a hook called on every run
-                          for _, before, after, schedule, _, _ in self._calls)
+        self._sleepers = [(i, ask) for i, (_, _, _, ask, _, _) in enumerate(self._calls) if ask is not None]
+        self._awake = any(ask is None and (before or after)  # a hook called on every run
+                          for _, before, after, ask, _, _ in self._calls)
         self._made: list[tuple[RunArgs | None, Call | None]] = [(None, None)] * len(self._calls)  # each hook's last
         self._plans: dict[tuple[int, ...], RunPlan] = {}  # by the ids of the awake hooks' calls (which it holds)
         self._silent = {id(hook) for hook, _, after, _, _, _ in self._calls if not after}  # hooks with no after_run
@@ -148,7 +149,7 @@ class HookRunner:
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
         trigger is the one it last gave (its state changes only in its own events)."""
-        for i, (_, _, _, schedule, _, _) in enumerate(self._calls):
+        for i, schedule in enumerate(self._schedules):
             if schedule.cut is None:
                 continue
             trigger = self._wake[i]
@@ -179,14 +180,14 @@ class HookRunner:
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`."""
         step, next_step = ctx.step, ctx.step + ctx.steps
-        made, feeds = [], []  # the `Call` of every awake hook that is called after the run or reads
+        made, feeds, wake, kept = [], [], self._wake, self._made  # made: the awake hooks' `Call`s
         last = self._start()  # each awake hook's time runs from the end of the one before (inline: no calls)
         try:
-            for i, (hook, before, after, schedule, plain, reports) in enumerate(self._calls):
-                if schedule.next is not None:  # asleep: before its trigger's step and time
-                    trigger = self._wake[i]
+            for i, (hook, before, after, ask, plain, reports) in enumerate(self._calls):
+                if ask is not None:  # asleep: before its trigger's step and time
+                    trigger = wake[i]
                     if trigger is _NOW:  # not asked since it was created, or it said "the next run": ask
-                        trigger = self._wake[i] = schedule.next(step) or _NOW
+                        trigger = wake[i] = ask(step) or _NOW
                     if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
                         continue  # nothing to do before its next trigger
                 args = None
@@ -197,7 +198,7 @@ class HookRunner:
                                 args = hook.before_run(ctx)
                         else:  # the common case, without a context to enter
                             args = hook.before_run(ctx)
-                        if args is not None and args is not self._made[i][0]:
+                        if args is not None and args is not kept[i][0]:
                             args = _check_run_args(args, hook)
                     except Exception as error:
                         self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
@@ -211,10 +212,10 @@ class HookRunner:
                     if after:
                         made.append(plain)
                     continue
-                if self._made[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
-                    self._made[i] = (args, Call(hook, args.late, None if args.fetches is None else
-                                                normalize(args.fetches, hook), args.read, reports and args.late))
-                made.append(self._made[i][1])
+                if kept[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
+                    kept[i] = (args, Call(hook, args.late, None if args.fetches is None else
+                                          normalize(args.fetches, hook), args.read, reports and args.late))
+                made.append(kept[i][1])
                 if args.feeds:
                     feeds.append((hook, args.feeds))
         finally:
