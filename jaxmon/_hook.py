@@ -156,9 +156,10 @@ class Hook:
 
     def next_trigger(self, step: int) -> Trigger | None:
         """When this hook next needs its run events, asked after the run that ended at
-        `step`: a `Trigger` (a step and/or a time; until then the session skips its
-        `before_run` and `after_run`, and ends multi-step runs on its step), or None
-        to be called on every run (the default)."""
+        `step` (before the first run, and after each run that called it): a `Trigger`
+        (a step and/or a time; until then the session skips its `before_run` and
+        `after_run`, and ends multi-step runs on its step), or None to be called on
+        every run (the default)."""
         return None
 
     def get_state(self) -> dict[str, Any] | None:

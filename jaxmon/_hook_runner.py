@@ -175,7 +175,7 @@ class HookRunner:
                     break
             else:
                 return QUIET
-        return self._plan(RunContext(step, session, RunArgs(fetches, batch), steps=length))
+        return self._plan(RunContext(step, session, _new_tuple(RunArgs, (fetches, batch, False, False)), False, length))
 
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`."""
@@ -322,7 +322,7 @@ class HookRunner:
     def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | NoResults,
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
-        plain = RunValues(None, step, outputs)
+        plain = _new_tuple(RunValues, (None, step, outputs, None))  # RunValues(None, step, outputs), faster
         outer, last = self._open(), self._start()
         try:
             try:

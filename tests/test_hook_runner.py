@@ -163,6 +163,28 @@ def test_a_hook_sleeps_until_its_step_and_runs_it_sleeps_through_are_quiet():
     assert runner.next_event() == (15, float("inf"))
 
 
+def test_a_hook_is_called_at_the_trigger_it_gave_after_its_last_event_and_asked_once_per_trigger():
+    class Relative(Waking):
+        """Acts `every` steps after the step it was last asked at: asking it again before
+        its trigger would move the trigger on forever."""
+
+        def next_trigger(self, step):
+            self.asked += 1
+            return jm.Trigger(step=step + self.every)
+
+    hook = Relative(every=3)
+    runner = HookRunner([hook])
+    plans = [run(runner, step) for step in range(12)]
+    assert [step for event, step in hook.log if event == "after_run"] == [3, 6, 9, 12]
+    assert sum(plan is QUIET for plan in plans) == 7  # the first run asks; two runs of three sleep
+    assert hook.asked == 5  # the first run, then once after each run it acted on
+    same = Waking(every=5)
+    runner = HookRunner([same])
+    for step in range(20):
+        run(runner, step)
+    assert same.asked == 5  # not again on the run that reaches its trigger
+
+
 def test_a_plan_is_quiet_only_when_every_hook_sleeps():
     sleeper, awake = Waking(every=10), Asking("awake", [])
     runner = HookRunner([sleeper, awake])
