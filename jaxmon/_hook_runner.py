@@ -21,7 +21,7 @@ from jaxmon._goodput import category_of
 from jaxmon._hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._host import to_host
 from jaxmon._host_syncs import HostSyncError, HostSyncs
-from jaxmon._run_plan import NO_RESULTS, QUIET, Call, NoResults, RunPlan, RunResult
+from jaxmon._run_plan import NO_RESULTS, QUIET, Call, RunPlan, RunResult
 from jaxmon._schedule import schedule_of, steps_to
 from jaxmon._triggers import Trigger
 from jaxmon._writers import background
@@ -251,8 +251,8 @@ class HookRunner:
         results = result.results or NO_RESULTS
         if plan.late or plan.away or read:  # a read's `after_read`s are late too
             self._late.append((plan, result.outputs, step, read, results))
-        caller, now, fetched = result.caller, plan.now, NO_RESULTS
-        if caller is not None or (results is not NO_RESULTS and _fetch(plan, now)):
+        caller, now, fetched = result.caller, plan.now, None
+        if caller is not None or (plan.fetch_now and results is not NO_RESULTS):
             caller, host = to_host((caller, [results[i] for i in now]))
             fetched = dict(zip(now, host, strict=True))
         if now:
@@ -287,8 +287,8 @@ class HookRunner:
                 _off_loop.submit(self._report, plan, results, outputs, step, read)
             if not plan.late:
                 continue
-            if results is not NO_RESULTS:
-                results = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True))
+            results = None if results is NO_RESULTS else dict(zip(plan.late, to_host(
+                [results[i] for i in plan.late]), strict=True))
             self._call_after_run(plan, plan.late, results, outputs, step, read)
         _off_loop.flush()
 
@@ -319,9 +319,9 @@ class HookRunner:
         background.raise_failed_write()
         _off_loop.raise_failed()
 
-    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | NoResults,
+    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | None,
                         outputs: Any, step: int, read: Any) -> None:
-        """The `after_run` of the calls of `plan` numbered `indices`, with their `results`."""
+        """The `after_run` of the calls of `plan` numbered `indices`, with their `results` (None: none fetched)."""
         plain = _new_tuple(RunValues, (None, step, outputs, None))  # RunValues(None, step, outputs), faster
         outer, last = self._open(), self._start()
         try:
@@ -329,10 +329,11 @@ class HookRunner:
                 for i in indices:
                     call = plan.calls[i]
                     accumulated = read.values(call.hook) if call.read and read is not None else None
+                    fetched = None if results is None else results[i]
                     self._current = call.hook
                     try:
-                        values = plain if results[i] is None and accumulated is None else RunValues(
-                            results[i], step, outputs, accumulated)
+                        values = plain if fetched is None and accumulated is None else RunValues(
+                            fetched, step, outputs, accumulated)
                         if self._guarded:
                             with self._guard(call.hook):
                                 call.hook.after_run(plan.ctx, values)
@@ -422,14 +423,6 @@ class HookRunner:
         if count <= 3 or count in (10, 100) or count % 1000 == 0:
             logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
                            hook, event, step, count, error, exc_info=count == 1)
-
-
-def _fetch(plan: RunPlan, indices: tuple[int, ...]) -> bool:
-    """Whether a call of `plan` numbered in `indices` fetches."""
-    for i in indices:
-        if plan.calls[i].fetches is not None:
-            return True
-    return False
 
 
 def _has(hook: Hook, event: str) -> bool:

@@ -212,8 +212,7 @@ class Accumulators:
                 self._restarts.clear()
             restart = self._restarts[id(readers)] = (readers, *self._restart_of(readers))
         _, mask, program = restart
-        read = self._last_read = Read(self, step, carry, mask,
-                                      {id(hook): step - self._since.get(id(hook), step) for hook in self._hooks})
+        read = self._last_read = Read(self, step, carry, mask, dict(self._since))
         for hook in readers:
             self._since[id(hook)] = step
         if program is not None:
@@ -246,11 +245,11 @@ class Accumulators:
             restart = self._restart[mask.tobytes()] = jax.jit(restart)
         return mask, restart
 
-    def results(self, host: np.ndarray, steps: dict[int, int], hook: Any) -> dict[str, Any]:
-        """`hook`'s `{name: result}` from a host copy of the carry."""
+    def results(self, host: np.ndarray, steps: int, hook: Any) -> dict[str, Any]:
+        """`hook`'s `{name: result}` from a host copy of the carry, its window `steps` long."""
         entries = self._of_hook.get(id(hook), ())
         trees = self._layout.unpack_host(host, [i + 1 for i in entries])
-        return {self._entries[i][1]: self._entries[i][2].result(tree, steps[id(hook)])
+        return {self._entries[i][1]: self._entries[i][2].result(tree, steps)
                 for i, tree in zip(entries, trees, strict=True)}
 
     def deliver(self, read: Read) -> None:
@@ -270,8 +269,9 @@ class Read:
     or at a `sync()`, a save or `close()`."""
 
     def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, mask: np.ndarray | None,
-                 steps: dict[int, int]):
-        self._accumulators, self.step, self.carry, self._steps = accumulators, step, carry, steps
+                 since: dict[int, int]):
+        # `since`: the step each hook's window began at (by `id`), before this read.
+        self._accumulators, self.step, self.carry, self._since = accumulators, step, carry, since
         #: The slots this read starts afresh (None: none), and the carry on the host once read.
         self.mask, self.host_carry = mask, None
         self._values: dict[int, dict[str, Any]] = {}
@@ -287,7 +287,8 @@ class Read:
         values = self._values.get(id(hook))
         if values is None:
             self.host()
-            values = self._values[id(hook)] = self._accumulators.results(self.host_carry, self._steps, hook)
+            values = self._values[id(hook)] = self._accumulators.results(
+                self.host_carry, self.step - self._since.get(id(hook), self.step), hook)
         return values
 
 

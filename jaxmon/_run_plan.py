@@ -33,6 +33,7 @@ class RunPlan(NamedTuple):
       now, late, away, fetching: the indices in `calls` of those called after this run,
         of those called one run later on the loop, and on the report thread, and of
         those that fetch.
+      fetch_now: whether a call made after this run fetches.
     """
 
     ctx: RunContext | None
@@ -43,6 +44,7 @@ class RunPlan(NamedTuple):
     late: tuple[int, ...] = ()
     fetching: tuple[int, ...] = ()
     away: tuple[int, ...] = ()
+    fetch_now: bool = False
 
     @classmethod
     def of(cls, ctx: RunContext | None, calls: tuple[Call, ...],
@@ -54,7 +56,8 @@ class RunPlan(NamedTuple):
         return cls(ctx, calls, feeds, readers, tuple(i for i, call in enumerate(calls) if not call.late),
                    tuple(i for i, call in enumerate(calls) if call.late and not call.away),
                    tuple(i for i, call in enumerate(calls) if call.fetches is not None),
-                   tuple(i for i, call in enumerate(calls) if call.away))
+                   tuple(i for i, call in enumerate(calls) if call.away),
+                   any(not call.late and call.fetches is not None for call in calls))
 
 
 #: The plan of a run that every hook sleeps through: no event is called.
