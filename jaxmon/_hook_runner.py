@@ -74,7 +74,7 @@ class HookRunner:
         self._awake = any(ask is None and (before or after)  # a hook called on every run
                           for _, before, after, ask, _, _ in self._calls)
         self._made: list[tuple[RunArgs | None, Call | None]] = [(None, None)] * len(self._calls)  # each hook's last
-        self._plans: dict[tuple[int, ...], RunPlan] = {}  # by the ids of the awake hooks' calls (which it holds)
+        self._plans: dict[tuple[int, ...], tuple[list[Call], RunPlan]] = {}  # by the ids of the awake hooks' calls
         self._silent = {id(hook) for hook, _, after, _, _, _ in self._calls if not after}  # hooks with no after_run
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
@@ -224,12 +224,12 @@ class HookRunner:
         if not made:
             return RunPlan(ctx)
         plans, key = self._plans, tuple(map(id, made))  # the same calls as a run before: the same plan
-        plan = plans.get(key)
-        if plan is None:
+        kept_plan = plans.get(key)
+        if kept_plan is None:
             if len(plans) >= 64:  # hooks that ask anew every time
                 plans.clear()
-            plan = plans[key] = RunPlan.of(None, tuple(made), without=self._silent)
-        return _new_tuple(RunPlan, (ctx, plan.calls, tuple(feeds), *plan[3:]))
+            kept_plan = plans[key] = (made, RunPlan.of(None, tuple(made), without=self._silent))  # made: ids held
+        return _new_tuple(RunPlan, (ctx, kept_plan[1].calls, tuple(feeds), *kept_plan[1][3:]))
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
