@@ -109,6 +109,7 @@ class Accumulators:
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
         self._restarts: dict[int, tuple[Sequence, np.ndarray | None, Any]] = {}  # by readers: (them, mask, program)
         self._sharding: Any = None
+        self._copy_ahead = False  # the carry is on an accelerator: a read starts its copy to the host at once
         #: The carry the next run starts from; None before the first run after `start`.
         self.carry: jax.Array | None = None
         self._since: dict[int, int] = {}
@@ -178,6 +179,7 @@ class Accumulators:
         else:
             self.carry = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
         self._sharding = sharding
+        self._copy_ahead = next(iter(self.carry.devices())).platform != "cpu"  # on the CPU, copying is reading
         return self.carry
 
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
@@ -213,6 +215,8 @@ class Accumulators:
             restart = self._restarts[id(readers)] = (readers, *self._restart_of(readers))
         _, mask, program = restart
         read = self._last_read = Read(self, step, carry, mask, dict(self._since))
+        if self._copy_ahead:  # behind the run on the device: done by the time the next run reads it
+            (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
         for hook in readers:
             self._since[id(hook)] = step
         if program is not None:
