@@ -87,7 +87,7 @@ def flush() -> None:
 
 def wait() -> None:
     """Returns once everything submitted so far is done (on the report thread: at once)."""
-    if threading.current_thread() is _thread:
+    if threading.get_ident() == _ident:
         return
     flush()
     if _thread is not None:
