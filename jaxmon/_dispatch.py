@@ -118,10 +118,8 @@ class Dispatch:
             return _new_tuple(RunResult, (new_state, outputs, None, _fetches.Routed(fetches, outputs, fetched,
                                                                                    fetching, len(plan.calls))))
         caller, *values = fetches.route(outputs, fetched)  # now: a name that is no output raises on this run
-        results = [None] * len(plan.calls)
-        for i, value in zip(fetching, values, strict=True):
-            results[i] = value
-        return _new_tuple(RunResult, (new_state, outputs, caller, tuple(results) if fetching else ()))
+        results = tuple(_fetches.by_call(values, fetching, len(plan.calls))) if fetching else ()
+        return _new_tuple(RunResult, (new_state, outputs, caller, results))
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that

@@ -122,11 +122,17 @@ class Routed(Sequence):
         if not 0 <= i < self._size:
             raise IndexError(i)
         if self._values is None:  # two threads may both route: the same values
-            values = [None] * self._size
-            for at, value in zip(self._fetching, self._plan.route(self._outputs, self._fetched)[1:], strict=True):
-                values[at] = value
-            self._values = values
+            self._values = by_call(self._plan.route(self._outputs, self._fetched)[1:], self._fetching, self._size)
         return self._values[i]
+
+
+def by_call(values: Sequence[Any], fetching: Sequence[int], size: int) -> list[Any]:
+    """`values`, those of the calls numbered `fetching`, each at its call's place among
+    `size` calls; None for the others."""
+    placed = [None] * size
+    for at, value in zip(fetching, values, strict=True):
+        placed[at] = value
+    return placed
 
 
 def output(outputs: Mapping[str, Any], name: str, owner: object) -> Any:
