@@ -109,6 +109,13 @@ class SecondOrStepTimer:
         self.update_last_triggered_step(step)
         return True
 
+    def take(self, step: int) -> tuple[float | None, int | None] | None:
+        """`due(step)` that also says how long since the last trigger: None when the action
+        is not due at `step`, else what `update_last_triggered_step(step)` returns."""
+        if not self.should_trigger_for_step(step):
+            return None
+        return self.update_last_triggered_step(step)
+
     def steps_to_next_trigger(self, step: int) -> int | None:
         """Steps from `step` to the next step-based trigger (at least 1), or None for a
         timer that counts seconds."""
@@ -212,6 +219,29 @@ class Every(SecondOrStepTimer):
         if self.every_steps:
             return step // self.every_steps > before // self.every_steps
         return self._last_time is None or self._clock() >= self._last_time + self.every_secs
+
+    def due(self, step: int) -> bool:
+        return self.take(step) is not None
+
+    def take(self, step: int) -> tuple[float | None, int | None] | None:
+        # `should_trigger_for_step` and `update_last_triggered_step` inline: a trigger run asks
+        # it of every hook that acts, after many runs that did not (their code is far from cache).
+        last = self._last_step
+        before = last or 0
+        if step <= before:
+            return None
+        if not (self.first and before < 1):
+            if self.every_steps:
+                if step // self.every_steps <= before // self.every_steps:
+                    return None
+            elif self._last_time is not None and self._clock() < self._last_time + self.every_secs:
+                return None
+        if self._last_time is None and last is not None:  # restored by a hook that never started it
+            self.start(step)
+            last = self._last_step
+        now = self._clock()
+        self._last_step, self._last_time, last_time = step, now, self._last_time
+        return (None, None) if last is None else (now - last_time, step - last)
 
     def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
         first = 1 if self.first and step < 1 else math.inf

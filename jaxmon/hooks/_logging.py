@@ -130,9 +130,10 @@ class LoggingHook(TimedHook):
         return self.timer.next_trigger(step)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.timer.should_trigger_for_step(ctx.next_step):
+        since = self.timer.take(ctx.step + ctx.steps)  # the run's next step
+        if since is None:
             return None
-        elapsed = self.timer.update_last_triggered_step(ctx.next_step)[0]
+        elapsed = since[0]
         self._elapsed[ctx.step], self._timed = elapsed if self._timed else None, True  # the first line: no timing
         return self._run_args
 

@@ -121,7 +121,7 @@ class NanHook(TimedHook):
         return self.timer.next_trigger(step, exact=False)  # a read a few steps later is as good
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        return _READ if self.timer.due(ctx.next_step) else None
+        return None if self.timer.take(ctx.step + ctx.steps) is None else _READ  # the run's next step
 
     def after_read(self, step: int, values: dict[str, Any]) -> None:
         first = values["first"]

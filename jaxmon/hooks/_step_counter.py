@@ -65,7 +65,7 @@ class StepCounterHook(TimedHook):
         self._warnings = 0
 
     def next_trigger(self, step: int) -> Trigger | None:
-        if self.timer.last_triggered_step() is None:
+        if self._last_step is None:  # no run since the session was created (`after_create_session` resets both)
             return Trigger(step + 1)  # the first run (a step alone) starts the clock
         return self.timer.next_trigger(step)
 
@@ -79,18 +79,19 @@ class StepCounterHook(TimedHook):
         self._last_step = None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        step = values.step
-        if self._last_step is not None and step <= self._last_step and self._warnings < 5:
-            self._warnings += 1
-            logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
-                           "Rates skip such runs.", self._last_step, step)
+        step, last = values.step, self._last_step
         self._last_step = step
-        if self.timer.last_triggered_step() is None:
+        if last is None:  # the timer was reset with it (`after_create_session`)
             self.timer.start(step)  # after the run that compiled the step
             return
-        if not self.timer.should_trigger_for_step(step):
+        if step <= last and self._warnings < 5:
+            self._warnings += 1
+            logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
+                           "Rates skip such runs.", last, step)
+        since = self.timer.take(step)
+        if since is None:
             return
-        elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
+        elapsed_secs, elapsed_steps = since
         if not elapsed_secs or elapsed_steps <= 0:
             return
         _off_loop.submit_for(self, self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)

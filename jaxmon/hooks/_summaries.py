@@ -129,7 +129,7 @@ class SummarySaverHook(TimedHook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if not self.timer.due(ctx.next_step):
+        if self.timer.take(ctx.step + ctx.steps) is None:  # the run's next step
             return None
         return self._run_args
 
