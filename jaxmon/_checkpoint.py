@@ -184,7 +184,7 @@ class Checkpoints:
             self._failure = self._save_error(error)
             raise self._failure from error
         if self._async:
-            self._pending = _Pending(self._manager.wait_until_finished, step, lambda: _FAILED.add(self))
+            self._pending = _Pending(self._manager.wait_until_finished, step, lambda: FAILED_SAVES.add(self))
         elif self._sealed and jax.process_index() == 0:  # committed already
             _integrity.seal_step(self.directory, step)
 
@@ -223,7 +223,7 @@ class Checkpoints:
 
     def _save_error(self, error: BaseException, step: int | None = None) -> SaveError:
         """One error that says which save failed, where and why (Orbax's error as its cause)."""
-        _FAILED.discard(self)
+        FAILED_SAVES.discard(self)
         if not isinstance(error, Exception):  # only a waiting thread hands over any BaseException
             error = RuntimeError(repr(error))
         step = self._saving if step is None else step
@@ -246,7 +246,7 @@ class Checkpoints:
         self._close_now()
 
     def _close_now(self) -> None:
-        _FAILED.discard(self)
+        FAILED_SAVES.discard(self)
         try:
             if self._failure is None:
                 self._manager.close()  # waits for a save in flight
@@ -354,8 +354,9 @@ class _Pending:
             self.done.set()
 
 
-#: The writers whose save failed in the background, until the failure is raised or they close.
-_FAILED: set[Checkpoints] = set()
+#: The writers whose save failed in the background, until the failure is raised or they close
+#: (the session looks here before each run, and calls `raise_failed_save` only when it is not empty).
+FAILED_SAVES: set[Checkpoints] = set()
 
 
 def raise_failed_save(hooks: Iterable[Any], step: int) -> None:
@@ -368,11 +369,11 @@ def raise_failed_save(hooks: Iterable[Any], step: int) -> None:
       hooks: the session's hooks.
       step: the session's step, noted on the error (training stopped there).
     """
-    if not _FAILED:
+    if not FAILED_SAVES:
         return
     written = {os.path.abspath(os.fspath(directory)) for hook in hooks
                if isinstance(directory := getattr(hook, "checkpoint_dir", None), (str, os.PathLike))}
-    for checkpoints in list(_FAILED):
+    for checkpoints in list(FAILED_SAVES):
         if checkpoints.directory in written and checkpoints.failed():
             try:
                 checkpoints.wait()

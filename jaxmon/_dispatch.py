@@ -52,6 +52,7 @@ class Dispatch:
                                       accumulate=self._accumulators and self._accumulators.update,
                                       unroll=scan_unroll, spent=spent)
         self._placement = placement
+        self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
         self._plans: dict[int, tuple[tuple, _fetches.FetchPlan]] = {}  # by the id of the plan's calls
@@ -79,8 +80,12 @@ class Dispatch:
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
         fed, fetches, fetching, kept = batch, NOTHING_FETCHED, (), False
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
-            fed, fetches, fetching, kept = _requests(batch, plan, wanted, length, self._plans)
-        size = self._compiled.run_size(state, length)
+            kept = None if wanted is not None or plan.feeds else self._plans.get(id(plan.calls))
+            if kept is not None and kept[0] is plan.calls:  # the hooks' fetches as a run before (`_requests`)
+                fetches, fetching, kept = kept[1], plan.fetching, True
+            else:
+                fed, fetches, fetching, kept = _requests(batch, plan, wanted, length, self._plans)
+        size = 1 if self._single else self._compiled.run_size(state, length)
         if size != length:  # one program takes every run length: the batch padded to its length
             padded = pad_run(batch, length, size)
             fed, batch = padded if fed is batch else pad_run(fed, length, size), padded
@@ -102,7 +107,7 @@ class Dispatch:
                                                  _carry_sharding(state, self._placement))
                 new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
                                                                     carry, batch, step, listed, length)
-                accumulators.advance(carry)
+                accumulators.carry = carry  # `advance(carry)`, inline: every run
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)

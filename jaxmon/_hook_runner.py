@@ -181,7 +181,8 @@ class HookRunner:
         """The `before_run` of every hook awake for the run of `ctx`."""
         step, next_step = ctx.step, ctx.step + ctx.steps
         made, feeds, wake, kept = [], [], self._wake, self._made  # made: the awake hooks' `Call`s
-        last = self._start()  # each awake hook's time runs from the end of the one before (inline: no calls)
+        last = None if self._spent is None or self._timing else time.perf_counter()  # `_start()`, inline: each
+        self._timing = self._timing or last is not None  # awake hook's time runs from the end of the one before
         try:
             for i, (hook, before, after, ask, plain, reports) in enumerate(self._calls):
                 if ask is not None:  # asleep: before its trigger's step and time
@@ -248,7 +249,9 @@ class HookRunner:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
-        results = result.results or NO_RESULTS
+        results = result.results  # a tuple, or values routed when asked for (`_fetches.Routed`: not asked its len)
+        if type(results) is tuple and not results:
+            results = NO_RESULTS
         if plan.late or plan.away or read:  # a read's `after_read`s are late too
             self._late.append((plan, result.outputs, step, read, results))
         caller, now, fetched = result.caller, plan.now, None
@@ -323,7 +326,9 @@ class HookRunner:
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results` (None: none fetched)."""
         plain = _new_tuple(RunValues, (None, step, outputs, None))  # RunValues(None, step, outputs), faster
-        outer, last = self._open(), self._start()
+        outer, self._later = (self._later, self._current), []  # `_open()` and `_start()`, inline as in `_plan`
+        last = None if self._spent is None or self._timing else time.perf_counter()
+        self._timing = self._timing or last is not None
         try:
             try:
                 for i in indices:

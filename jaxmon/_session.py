@@ -195,13 +195,14 @@ class MonitoredSession:
             length, given = 1, batch
         else:
             length, batch, given = as_run(batch, self.steps_per_dispatch)
-        _checkpoint.raise_failed_save(self.hooks, self._step)  # a save failed in the background: stop now
-        self._preemption.requested and self._runner.reschedule()  # a saver's next trigger is now
+        _checkpoint.FAILED_SAVES and _checkpoint.raise_failed_save(self.hooks, self._step)  # one failed: stop now
+        (preemption := self._preemption).requested and self._runner.reschedule()  # a saver's next trigger is now
         plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
         self._state, self._step = result.state, self._step + length
-        for done in range(self._step - length + 1, self._step + 1):  # JAX's preemption sync point sees every step
-            self._stopping.after_run(done)
+        if preemption.polling or preemption.requested:  # JAX's sync point sees every step (else it does nothing)
+            for done in range(self._step - length + 1, self._step + 1):
+                self._stopping.after_run(done)
         read = plan.readers and self._accumulators.read(self._step, plan.readers)
         caller = self._runner.after_run(plan, result, self._step, read)
         return result.outputs if caller is None else caller
