@@ -16,6 +16,7 @@ from jaxmon._batches import one_step
 from jaxmon._hook import Hook
 from jaxmon._host import to_host
 from jaxmon._reductions import Reduction
+from jaxmon._triggers import Every
 
 logger = logging.getLogger("jaxmon")
 
@@ -75,6 +76,20 @@ class _Layout:
         return mask
 
 
+#: The hook classes marked by `windows_on_timer`.
+_ON_TIMER: set[type] = set()
+
+
+def windows_on_timer(cls: type) -> type:
+    """Marks a hook class that reads its accumulators on exactly the steps its timer
+    (`self.timer`, an `Every`) is due, and on no others. In a session of one step per
+    run, a step-based timer then tells ahead where its windows end: they restart inside
+    the step after each of those steps (see `Accumulators.update`), and its reads need
+    no program of their own. A subclass is not marked: it may read on other steps."""
+    _ON_TIMER.add(cls)
+    return cls
+
+
 class Accumulators:
     """The accumulators of a session's hooks: built on the first run from the shapes of
     the values, updated inside every compiled step (`update`, traced), carried between
@@ -84,9 +99,11 @@ class Accumulators:
       hooks: the session's hooks; those with `accumulators` take part.
       on_read: `on_read(step, [(hook, values)])`, called once per read with the values
         of every hook that has accumulators (for `Hook.after_read`).
+      one_step_runs: every run is one step (`steps_per_dispatch=1`): a hook that reads
+        on its step timer (`windows_on_timer`) reads on exactly its steps.
     """
 
-    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None]):
+    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None], one_step_runs: bool = False):
         self._entries: list[tuple[Any, str, Reduction]] = []
         for hook in hooks:
             accumulators = hook.accumulators
@@ -116,6 +133,9 @@ class Accumulators:
         self._last_read: Read | None = None
         self._saved: np.ndarray | None = None
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
+        # Each entry's `(every_steps, first)` where its window restarts in the step after its
+        # hook's timer is due (no restart program at the read), else None.
+        self._windows = [_window(hook, reduction) if one_step_runs else None for hook, _, reduction in self._entries]
 
     def start(self, step: int, saved: Mapping[str, Any] | None = None) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh,
@@ -140,11 +160,19 @@ class Accumulators:
         else:
             self.read_now(step)
             read = self._last_read
-            host = np.where(read.mask, self._fresh(), read.host_carry) if read.mask is not None else read.host_carry
+            restarts = self._windows_ending(step) if read.mask is None else read.mask | self._windows_ending(step)
+            host = np.where(restarts, self._fresh(), read.host_carry)
         if host is None:
             return None
         return {"entries": self._signature(), "carry": host.tolist(),
                 "since": [self._since[id(hook)] for hook in self._hooks]}
+
+    def _windows_ending(self, step: int) -> np.ndarray:
+        """The slots of the windows that restart in the step after `step` (see `update`):
+        a checkpoint holds them restarted, as a session that resumes with other runs
+        (several steps each, no restart there) needs them."""
+        return self._layout.restart_mask(i + 1 for i, window in enumerate(self._windows)
+                                         if window is not None and _due(step, *window))
 
     def _signature(self) -> list[str]:
         return [f"{type(hook).__name__}.{name}={reduction!r}" for hook, name, reduction in self._entries]
@@ -185,6 +213,8 @@ class Accumulators:
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
         """One step's update (traced): the new carry, and the state to keep."""
         step, *accs = self._layout.unpack(carry)
+        accs = [acc if window is None else _restarted_after(step, window, acc, init)
+                for acc, init, window in zip(accs, self._inits, self._windows, strict=True)]
         step = step + 1
         accs = [reduction.update(acc, reduction.value(new_state, batch, outputs), step)
                 for (_, _, reduction), acc in zip(self._entries, accs, strict=True)]
@@ -235,7 +265,7 @@ class Accumulators:
         """The slots that a read by `readers` starts afresh (None: none), and the program
         that does it (one per set of slots)."""
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
-                   if reduction.restarts and any(hook is r for r in readers)]
+                   if reduction.restarts and self._windows[i] is None and any(hook is r for r in readers)]
         if not indices:
             return None, None
         mask = self._layout.restart_mask(indices)
@@ -299,3 +329,25 @@ class Read:
 def _read(carry: jax.Array) -> np.ndarray:
     """The carry on the host (one array: read as it is, the common case)."""
     return np.asarray(carry) if carry.is_fully_addressable else to_host(carry)
+
+
+def _window(hook: Any, reduction: Reduction) -> tuple[int, bool] | None:
+    """`(every_steps, first)` of `hook`'s timer, where the windows of its `reduction`
+    restart in the step (`windows_on_timer`), else None."""
+    timer = getattr(hook, "timer", None)
+    if reduction.restarts and type(hook) in _ON_TIMER and isinstance(timer, Every) and timer.every_steps:
+        return timer.every_steps, timer.first
+    return None
+
+
+def _due(step: Any, every: int, first: bool) -> Any:
+    """Whether a timer of `every` steps (and after step 1 with `first`) is due at `step`,
+    as its hook sees it in a session of one step per run (traced or not)."""
+    due = step % every == 0
+    return due | (step == 1) if first else due
+
+
+def _restarted_after(step: jax.Array, window: tuple[int, bool], acc: Any, init: Any) -> Any:
+    """`acc` started afresh (`init`) where its hook read after `step` (traced)."""
+    due = _due(step, *window)
+    return jax.tree.map(lambda a, fresh: jnp.where(due, jnp.asarray(fresh, a.dtype), a), acc, init)

@@ -101,7 +101,8 @@ class MonitoredSession:
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         host_syncs, self._spent = HostSyncs(debug_host_syncs), TimeSpent()
         self._runner = HookRunner(hooks, host_syncs, self._spent.secs)
-        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
+        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read,
+                                          one_step_runs=steps_per_dispatch == 1)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
                                   steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,

@@ -214,6 +214,38 @@ def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
     assert [(row["step"], row["loss"]) for row in rows] == [(16, 12.5), (24, 20.5)]
 
 
+
+class SummariesOfASubclass(jm.SummarySaverHook):
+    """A subclass may read on other steps than its timer's: its windows restart at each read."""
+
+
+@pytest.mark.parametrize("resume_k", [1, 4])
+@pytest.mark.parametrize("cls", [jm.SummarySaverHook, SummariesOfASubclass])
+def test_windows_that_restart_in_the_step_survive_a_resume_with_other_runs(tmp_path, cls, resume_k):
+    def run_to(last_step, name, k):
+        writer = jm.JsonlWriter(tmp_path / f"{name}.jsonl")
+        hooks = [jm.CheckpointSaverHook(tmp_path / name, save_steps=8), cls(save_steps=4, summary_writer=writer),
+                 jm.StopAtStepHook(last_step=last_step)]
+        with jm.MonitoredSession(counting_step, fresh, data=forever(), hooks=hooks, steps_per_dispatch=k) as sess:
+            while not sess.should_stop():
+                sess.run()
+            made = sess._accumulators.compile_count
+        writer.close()
+        return made
+
+    def means(name):
+        with open(tmp_path / f"{name}.jsonl") as lines:
+            return [(row["step"], row["loss"]) for row in map(json.loads, lines) if "loss" in row]
+
+    made = run_to(8, "resumed", 1), run_to(16, "resumed", resume_k)  # restores step 8, read and saved there
+    run_to(16, "whole", 1)
+    # Windows 1, 2-4, 5-8 (the first run), then 9-12 and 13-16 whatever the runs after the resume.
+    assert means("resumed") == means("whole") == [(1, 1.0), (4, 3.0), (8, 6.5), (12, 10.5), (16, 14.5)]
+    # The built-in hook's windows restart in the step where every run is one step; a subclass's, and
+    # those of runs of several steps, with a program of their own at its reads.
+    assert made == ((0 if cls is jm.SummarySaverHook else 1), (0 if cls is jm.SummarySaverHook and resume_k == 1
+                                                                else 1))
+
 def test_accumulators_must_be_reductions():
     class Bad(jm.Hook):
         accumulators = {"x": "loss"}

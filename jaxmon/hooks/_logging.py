@@ -14,6 +14,7 @@ import numpy as np
 from jaxmon import _fetches, _off_loop
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
+from jaxmon._metrics import windows_on_timer
 from jaxmon._reductions import Mean, Reduction, check_reduce, of_last_step
 from jaxmon._triggers import Trigger, timer_for
 from jaxmon.hooks._timed import TimedHook
@@ -44,6 +45,7 @@ def show_info_logs() -> None:
         logger.propagate = False
 
 
+@windows_on_timer  # it reads at each of its triggers, and only there
 class LoggingHook(TimedHook):
     """Logs fetched values every N steps or seconds, and/or at the end (TF's
     `LoggingTensorHook`), under the `jaxmon` logger at INFO.

@@ -14,6 +14,7 @@ import numpy as np
 from jaxmon import _fetches, _off_loop
 from jaxmon._errors import check_on_error
 from jaxmon._hook import RunArgs, RunContext, RunValues
+from jaxmon._metrics import windows_on_timer
 from jaxmon._paths import by_path
 from jaxmon._reductions import Mean, Reduction, check_reduce
 from jaxmon._triggers import Trigger, timer_for
@@ -47,6 +48,7 @@ class Text:
 _KINDS = {Histogram: "histograms", Image: "images", Text: "texts"}
 
 
+@windows_on_timer  # it reads at each of its triggers, and only there
 class SummarySaverHook(TimedHook):
     """Writes summaries every N steps or seconds: every scalar output of the step, plus
     the extra summaries asked for (TF's `SummarySaverHook`).
