@@ -71,6 +71,16 @@ def test_memory_child_reports_the_state_and_the_live_arrays():
     assert figures["loop_mb"] == figures["peak_mb"] - figures["baseline_mb"]
 
 
+def test_trigger_pair_times_this_checkout_and_a_commit_in_one_process():
+    result = run("trigger_pair.py", "--base", "HEAD", "--rounds", "1", "--cycles", "2", "--warmup", "30")
+    report = json.loads(result.stdout)
+    [figures] = report["rounds"]
+    for tree in ("base", "this"):  # the commit's jaxmon, loaded beside this checkout's, ran its own session
+        assert figures[f"{tree}_run_on_step_100n_us"] > 0 and figures[f"{tree}_quiet_run_us"] > 0
+    assert sorted(report["median_ratio_this_over_base"]) == ["quiet_run", "run_after_it", "run_on_step_100n"]
+    assert report["base"] == "HEAD"
+
+
 def test_host_cost_times_the_main_thread_of_every_variant():
     result = run("host_cost.py", "--steps", "200", "--warmup", "50", "--rounds", "1")
     report = json.loads(result.stdout)
