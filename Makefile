@@ -36,6 +36,7 @@ train: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/core_overhead.py --steps 2000 --repeats 9
 	$(PY) benchmarks/host_cost.py --rounds 7
+	$(PY) benchmarks/trigger_pair.py --base a896107 --rounds 6
 	$(PY) benchmarks/hooks_overhead.py --steps 2000 --rounds 21
 	$(PY) benchmarks/steps_per_dispatch.py --rounds 11
 	$(PY) benchmarks/steps_per_dispatch.py --workload large --steps 320 --rounds 11
