@@ -82,10 +82,14 @@ _ON_TIMER: set[type] = set()
 
 def windows_on_timer(cls: type) -> type:
     """Marks a hook class that reads its accumulators on exactly the steps its timer
-    (`self.timer`, an `Every`) is due, and on no others. In a session of one step per
-    run, a step-based timer then tells ahead where its windows end: they restart inside
-    the step after each of those steps (see `Accumulators.update`), and its reads need
-    no program of their own. A subclass is not marked: it may read on other steps."""
+    (`self.timer`, an `Every`) is due, and on no others, with `next_trigger` its timer's.
+    In a session of one step per run, a step-based timer then tells ahead where its
+    windows end (the session calls the hook only on the steps `Every.next_trigger` gives:
+    N, 2N, ..., and 1 with `first`): they restart inside the step after each of those
+    steps (see `Accumulators.update`), and its reads need no program of their own. A
+    subclass is not marked: it may read on other steps. A run resumed at one of those
+    steps with a window its hook did not read there (its period changed) restarts at the
+    reads instead (`start`)."""
     _ON_TIMER.add(cls)
     return cls
 
@@ -134,8 +138,10 @@ class Accumulators:
         self._saved: np.ndarray | None = None
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
         # Each entry's `(every_steps, first)` where its window restarts in the step after its
-        # hook's timer is due (no restart program at the read), else None.
-        self._windows = [_window(hook, reduction) if one_step_runs else None for hook, _, reduction in self._entries]
+        # hook's timer is due (no restart program at the read), else None. One process only:
+        # the others declare the chief's accumulators in a hook of their own (`_training`).
+        in_step = one_step_runs and jax.process_count() == 1
+        self._windows = [_window(hook, reduction) if in_step else None for hook, _, reduction in self._entries]
 
     def start(self, step: int, saved: Mapping[str, Any] | None = None) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh,
@@ -148,6 +154,14 @@ class Accumulators:
         elif saved:
             logger.warning("The checkpoint of step %d holds the windows of other reductions (%s); the hooks' "
                            "windows start afresh at step %d.", step, ", ".join(saved.get("entries", ())), step)
+        unread = sorted({repr(hook) for (hook, _, _), window in zip(self._entries, self._windows, strict=True)
+                         if window is not None and _due(step, *window) and self._since[id(hook)] < step})
+        if unread and self._layout is None:  # a window its hook did not read at `step`, where the step would
+            # restart it (a resumed run whose period changed): restarts at the reads, for this session
+            self._windows = [None] * len(self._entries)
+        elif unread:
+            logger.warning("The windows of %s were not read at step %d, where they restart: the steps before it "
+                           "are not in their next values.", ", ".join(unread), step)
 
     def get_state(self, step: int) -> dict[str, Any] | None:
         """The open windows after the run that ended at `step` (JSON, for its

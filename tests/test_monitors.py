@@ -246,7 +246,26 @@ def test_windows_that_restart_in_the_step_survive_a_resume_with_other_runs(tmp_p
     assert made == ((0 if cls is jm.SummarySaverHook else 1), (0 if cls is jm.SummarySaverHook and resume_k == 1
                                                                 else 1))
 
-def test_accumulators_must_be_reductions():
+
+@pytest.mark.parametrize(("every", "expected"), [(3, [(12, 10.5), (15, 14.0)]), (5, [(15, 12.0)])])
+def test_a_resumed_run_whose_period_changed_keeps_each_window_whole(tmp_path, every, expected):
+    """Saved at step 10 with summaries every 4 steps (the window open since 8), resumed
+    every 3 or 5 steps (a new timer): 10 is a step of the period 5 where the window was not
+    read, which the step must not restart. No step is lost or counted twice."""
+    def run_to(last_step, save_steps, name):
+        writer = jm.JsonlWriter(tmp_path / f"{name}.jsonl")
+        hooks = [jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=10),
+                 jm.SummarySaverHook(save_steps=save_steps, summary_writer=writer),
+                 jm.StopAtStepHook(last_step=last_step)]
+        with jm.MonitoredSession(counting_step, fresh, data=forever(), hooks=hooks) as sess:
+            while not sess.should_stop():
+                sess.run()
+        writer.close()
+        with open(tmp_path / f"{name}.jsonl") as lines:
+            return [(row["step"], row["loss"]) for row in map(json.loads, lines) if "loss" in row]
+
+    assert run_to(10, 4, "first") == [(1, 1.0), (4, 3.0), (8, 6.5)]
+    assert run_to(15, every, "resumed") == expected  # the first window from step 9
     class Bad(jm.Hook):
         accumulators = {"x": "loss"}
 
