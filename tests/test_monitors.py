@@ -250,8 +250,9 @@ def test_windows_that_restart_in_the_step_survive_a_resume_with_other_runs(tmp_p
 @pytest.mark.parametrize(("every", "expected"), [(3, [(12, 10.5), (15, 14.0)]), (5, [(15, 12.0)])])
 def test_a_resumed_run_whose_period_changed_keeps_each_window_whole(tmp_path, every, expected):
     """Saved at step 10 with summaries every 4 steps (the window open since 8), resumed
-    every 3 or 5 steps (a new timer): 10 is a step of the period 5 where the window was not
-    read, which the step must not restart. No step is lost or counted twice."""
+    every 3 or 5 steps: the restored timer (last at 8) is woken on the new period's steps,
+    and 10 is a step of the period 5 where the window was not read, which the step must
+    not restart. No step is lost or counted twice."""
     def run_to(last_step, save_steps, name):
         writer = jm.JsonlWriter(tmp_path / f"{name}.jsonl")
         hooks = [jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=10),
