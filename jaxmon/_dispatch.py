@@ -80,11 +80,16 @@ class Dispatch:
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
         fed, fetches, fetching, kept = batch, NOTHING_FETCHED, (), False
         if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
-            kept = None if wanted is not None or plan.feeds else self._plans.get(id(plan.calls))
-            if kept is not None and kept[0] is plan.calls:  # the hooks' fetches as a run before (`_requests`)
-                fetches, fetching, kept = kept[1], plan.fetching, True
+            # The plans of the hooks' own fetches are kept by the plan's calls (the runner gives
+            # the same calls to hooks that ask the same again: `HookRunner._plan`).
+            kept = None if wanted is not None else self._plans.get(id(plan.calls))
+            fetching = plan.fetching
+            if kept is not None and kept[0] is plan.calls:  # the hooks' fetches as a run before
+                fetches, kept = kept[1], True
             else:
-                fed, fetches, fetching, kept = _requests(batch, plan, wanted, length, self._plans)
+                fetches, kept = _new_fetch_plan(plan, wanted, self._plans), False
+            if plan.feeds:
+                fed = _with_feeds(batch, plan.feeds, length)
         size = 1 if self._single else self._compiled.run_size(state, length)
         if size != length:  # one program takes every run length: the batch padded to its length
             padded = pad_run(batch, length, size)
@@ -107,7 +112,7 @@ class Dispatch:
                                                  _carry_sharding(state, self._placement))
                 new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
                                                                     carry, batch, step, listed, length)
-                accumulators.carry = carry  # `advance(carry)`, inline: every run
+                accumulators.carry = carry  # what the next run starts from
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)
@@ -162,28 +167,19 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
-def _requests(batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
-              plans: dict[int, tuple[tuple, _fetches.FetchPlan]]) -> tuple[Any, _fetches.FetchPlan,
-                                                                          tuple[int, ...], bool]:
-    """The batch with the plan's feeds merged in, the run's fetch plan (the caller's
-    first, then each fetching call's), the indices of those calls in the plan, and
-    whether that fetch plan was made for a run before. The plans of the hooks' own
-    fetches are kept in `plans`, by the plan's calls (the runner gives the same calls
-    to hooks that ask the same again: `HookRunner._plan`)."""
-    fetching = plan.fetching
-    fed = _with_feeds(batch, plan.feeds, length) if plan.feeds else batch
-    if not fetching and wanted is None:
-        return fed, NOTHING_FETCHED, fetching, False
-    kept = plans.get(id(plan.calls)) if wanted is None else None
-    if kept is not None and kept[0] is plan.calls:
-        return fed, kept[1], fetching, True
+def _new_fetch_plan(plan: RunPlan, wanted: _fetches.Wanted | None,
+                    plans: dict[int, tuple[tuple, _fetches.FetchPlan]]) -> _fetches.FetchPlan:
+    """The run's fetch plan (the caller's first, then each fetching call's), made anew;
+    kept in `plans`, by the plan's calls, when the caller fetches nothing."""
+    if not plan.fetching and wanted is None:
+        return NOTHING_FETCHED
     fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
-                                  *[(plan.calls[i].hook, plan.calls[i].fetches) for i in fetching]])
+                                  *[(plan.calls[i].hook, plan.calls[i].fetches) for i in plan.fetching]])
     if wanted is None:
         if len(plans) >= 64:  # hooks that ask anew every time
             plans.clear()
         plans[id(plan.calls)] = plan.calls, fetches
-    return fed, fetches, fetching, False
+    return fetches
 
 
 def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:

@@ -194,10 +194,6 @@ class Accumulators:
     def _fresh(self) -> np.ndarray:
         return self._layout.pack_host([np.array(0, np.int32), *self._inits])
 
-    def advance(self, carry: jax.Array) -> None:
-        """Keeps the carry a run returned."""
-        self.carry = carry
-
     def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
                 sharding: Any) -> jax.Array:
         """Builds the carry of the first run after `start` (the run after `step`)."""

@@ -57,14 +57,7 @@ def submit(fn: Callable[..., Any], *args: Any) -> None:
 def submit_for(hook: Any, fn: Callable[..., Any], *args: Any) -> None:
     """`submit(fn, *args)`, a report of `hook`'s, under its `on_error`: a failure is raised
     on the loop after a later run's step ("raise") or logged ("warn")."""
-    if threading.get_ident() == _ident:
-        _under_policy(hook, fn, args)
-        return
-    with _lock:  # as `submit`, inline: the hooks that report call this on their trigger runs
-        _pending.append((_under_policy, (hook, fn, args)))
-        full = len(_pending) >= MAX_QUEUED
-    if full:
-        flush()
+    submit(_under_policy, hook, fn, args)
 
 
 def _under_policy(hook: Any, fn: Callable[..., Any], args: tuple) -> None:

@@ -57,9 +57,10 @@ class Stopping:
 
     def after_run(self, step: int) -> None:
         """A preemption asks to stop after the run that completed `step` (several
-        processes: once JAX's preemption service says every process reached it)."""
-        preemption = self.preemption
-        if (preemption.polling or preemption.requested) and preemption.after_run(step):
+        processes: once JAX's preemption service says every process reached it). The
+        session calls it only while the preemption polls or was requested: otherwise
+        there is nothing to look at."""
+        if self.preemption.after_run(step):
             self.request()
 
     def should_stop(self) -> bool:

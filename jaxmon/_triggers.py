@@ -205,10 +205,7 @@ class Every(SecondOrStepTimer):
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
         if self._last_time is None and self._last_step is not None:  # restored by a hook that never started it
             self.start(step)
-        now = self._clock()  # as SecondOrStepTimer's, inline (a trigger run calls it for every hook that acts)
-        elapsed = (None, None) if self._last_step is None else (now - self._last_time, step - self._last_step)
-        self._last_step, self._last_time = step, now
-        return elapsed
+        return super().update_last_triggered_step(step)
 
     def should_trigger_for_step(self, step: int) -> bool:
         before = self._last_step or 0
@@ -225,7 +222,8 @@ class Every(SecondOrStepTimer):
 
     def take(self, step: int) -> tuple[float | None, int | None] | None:
         # `should_trigger_for_step` and `update_last_triggered_step` inline: a trigger run asks
-        # it of every hook that acts, after many runs that did not (their code is far from cache).
+        # it of every hook that acts, after many runs that did not (their code is far from cache);
+        # the one copy of both, which tests/test_triggers.py holds to them.
         last = self._last_step
         before = last or 0
         if step <= before:

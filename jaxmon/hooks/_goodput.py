@@ -61,7 +61,6 @@ class GoodputHook(TimedHook):
         self.record_every_secs, self._recorded = record_every_secs, -math.inf  # goodput.json: when last written
         self.on_error = check_on_error("GoodputHook", on_error)
         self._session: Any = None
-        self._time: Any = None  # its `time_spent`
         self._before = dict.fromkeys(CATEGORIES, 0.0)  # the run's earlier processes
         self._checkpointed: dict[str, float] | None = None  # the totals a restored checkpoint holds
         self._start_step = self._last_step = 0
@@ -77,7 +76,6 @@ class GoodputHook(TimedHook):
         self._slot.restarted(session)
         if self._session is None:  # this process's first state: the earlier processes' time
             self._session, self._redone_steps = session, session.time_spent.redone_steps
-            self._time = session.time_spent  # the session's clocks, one object for its life
             self._start_step, self._written = session.step, session.restored_step  # its records are on disk
             self._before = self._earlier(session.restored_step, session.time_spent.start)
         redone = session.time_spent.redone_steps - self._redone_steps
@@ -148,7 +146,7 @@ class GoodputHook(TimedHook):
         `_spent`), and the record for `goodput.json` (at most every `record_every_secs`,
         and the `last` time)."""
         summarized = None if step == self._written else step
-        spent = self._time
+        spent = self._session.time_spent
         self._written, clocks, record = step, (spent.elapsed(), dict(spent.secs), self._lost), None
         now = time.monotonic()
         if self._path is not None and (last or now - self._recorded >= self.record_every_secs):
