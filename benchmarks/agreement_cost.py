@@ -35,8 +35,7 @@ import time
 
 def worker(rank: int, address: str, steps: int, rounds: int, workdir: str) -> None:
     import jaxmon as jm
-    from jaxmon import _sharding
-
+    from jaxmon._run import sharding as _sharding
     jm.distributed.initialize(address, num_processes=2, process_id=rank, initialization_timeout=60,
                               preemption_sync=False, log_prefix=False)
     import jax

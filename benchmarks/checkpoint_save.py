@@ -12,7 +12,7 @@ and asynchronous (the reference), and jaxmon's checkpoint writer (the one
 ``CheckpointSaverHook`` saves through), synchronous and asynchronous, each also with
 its integrity manifest off (``*_unchecked``: ``Checkpoints(integrity=False)``, no CRC-32
 of the step's files written at the commit, so none checked at restore;
-jaxmon/_integrity.py). A last measurement times sealing and checking one such
+jaxmon/_checkpoints/integrity.py). A last measurement times sealing and checking one such
 checkpoint alone (``integrity_median_ms``). A saver is whatever its factory
 builds for a directory; the harness only needs ``is_saving_in_progress()``,
 ``wait_until_finished()`` and ``close()`` on it, plus the variant's ``restore_fn``.
@@ -83,7 +83,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxmon import _checkpoint, _integrity
+from jaxmon._checkpoints import integrity as _integrity
+from jaxmon._checkpoints import manager as _checkpoint
 
 N_MATRICES = 4
 SHAPE = (2048, 1024)  # 8 MiB per float32 array; x3 (param, mu, nu) x4 = 96 MiB

@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 import jaxmon as jm
-from jaxmon import _loaders
+from jaxmon._data import loaders as _loaders
 from jaxmon.models import CNN
 
 

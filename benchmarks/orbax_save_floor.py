@@ -5,7 +5,7 @@ The state is the small MLP's (parameters and Adam moments, 33 KB). Each setting 
 it --saves times (after 3 untimed saves) through an `ocp.CheckpointManager`, waiting
 for each save to finish; it reports the CPU time of the process per save (every
 thread's, which is what a loop on a few cores loses), the wall time per save, and the
-time the save call itself blocks. Settings: jaxmon's (`jaxmon._checkpoint`'s options:
+time the save call itself blocks. Settings: jaxmon's (`jaxmon._checkpoints.manager`'s options:
 async, pinned host copy, no compression, a `meta` JSON item, LatestN(5)), then each
 option changed alone, then all the savings together.
 

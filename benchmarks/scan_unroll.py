@@ -44,7 +44,7 @@ from hooks_overhead import default_hooks
 from rotating import format_logs_into_void, interleave, session_runner, summary
 
 import jaxmon as jm
-from jaxmon._scan_unroll import canonical_convolutions
+from jaxmon._run.scan_unroll import canonical_convolutions
 from jaxmon.models import CNN
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -13,18 +13,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # First, before JAX loads: in the `jaxmon` command, Ctrl-C and SIGTERM are handled from here on.
-from jaxmon import _cli_signals  # noqa: F401  isort: skip
+from jaxmon._cli import signals as _cli_signals  # noqa: F401  isort: skip
 
 if TYPE_CHECKING:
     from jaxmon import datasets, distributed, hooks, models
-    from jaxmon._agree import PeerError
-    from jaxmon._checkpoint import Restored, checkpoints_iterator, restore_checkpoint
-    from jaxmon._data import ArrayDataSource
-    from jaxmon._errors import AbortedError, NanLossDuringTrainingError, UnavailableError
-    from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
-    from jaxmon._experiment.run import train_experiment
-    from jaxmon._experiment.tasks import Task, TaskContext
-    from jaxmon._hook import (
+    from jaxmon._base.errors import AbortedError, NanLossDuringTrainingError, UnavailableError
+    from jaxmon._base.hook import (
         Hook,
         RunArgs,
         RunContext,
@@ -34,14 +28,20 @@ if TYPE_CHECKING:
         SessionRunHook,
         SessionRunValues,
     )
-    from jaxmon._host_syncs import HostSyncError
-    from jaxmon._loaders import ResumableIterator
-    from jaxmon._reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
-    from jaxmon._session import MonitoredSession
-    from jaxmon._state import TrainState
-    from jaxmon._training import USE_DEFAULT, MonitoredTrainingSession
-    from jaxmon._triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
-    from jaxmon._warm_start import WarmStartReport
+    from jaxmon._base.triggers import NeverTriggerTimer, SecondOrStepTimer, Trigger
+    from jaxmon._checkpoints.manager import Restored, checkpoints_iterator, restore_checkpoint
+    from jaxmon._checkpoints.warm_start import WarmStartReport
+    from jaxmon._data.arrays import ArrayDataSource
+    from jaxmon._data.loaders import ResumableIterator
+    from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
+    from jaxmon._experiment.tasks import Task, TaskContext
+    from jaxmon._experiment.train import train_experiment
+    from jaxmon._metrics.reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
+    from jaxmon._ops.host_syncs import HostSyncError
+    from jaxmon._processes.agree import PeerError
+    from jaxmon._run.session import MonitoredSession
+    from jaxmon._run.train_state import TrainState
+    from jaxmon._run.training import USE_DEFAULT, MonitoredTrainingSession
     from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
     from jaxmon.hooks import (
         CheckpointSaverHook,

@@ -1,5 +1,5 @@
 """`python -m jaxmon`: the `jaxmon` command."""
 
-from jaxmon._cli import run
+from jaxmon._cli.main import run
 
 run()

@@ -43,7 +43,8 @@ from typing import Any
 
 import jax
 
-from jaxmon import _agree, _cli_signals
+from jaxmon._cli import signals as _cli_signals
+from jaxmon._processes import agree as _agree
 
 __all__ = ["PEER_LOST_EXIT_CODE", "initialize", "is_chief", "shutdown"]
 

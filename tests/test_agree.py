@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon import _agree
-from jaxmon._stopping import Preemption, Stopping
+from jaxmon._processes import agree as _agree
+from jaxmon._run.stopping import Preemption, Stopping
 
 INF = math.inf
 
@@ -177,7 +177,7 @@ def test_agree_every_n_steps_must_be_a_positive_int():
 
 
 def test_a_process_slower_than_the_median_at_three_agreements_in_a_row_is_named_once(caplog, tmp_path):
-    from jaxmon._stragglers import Stragglers
+    from jaxmon._processes.stragglers import Stragglers
 
     stragglers = Stragglers()
     with caplog.at_level("WARNING", logger="jaxmon"):
@@ -194,7 +194,7 @@ def test_a_process_slower_than_the_median_at_three_agreements_in_a_row_is_named_
 
 
 def test_noise_below_two_milliseconds_per_step_is_no_straggler(caplog):
-    from jaxmon._stragglers import Stragglers
+    from jaxmon._processes.stragglers import Stragglers
 
     stragglers = Stragglers()
     with caplog.at_level("WARNING", logger="jaxmon"):

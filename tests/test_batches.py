@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import Counter, Plain
 
-from jaxmon._batches import BatchSource, Steps, as_run
+from jaxmon._run.batches import BatchSource, Steps, as_run
 
 
 class Loader:

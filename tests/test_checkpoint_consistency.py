@@ -7,7 +7,7 @@ import pytest
 from helpers import RunCounter, forever, zero
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 
 def count_step(state, batch):

@@ -23,7 +23,7 @@ import pytest
 from helpers import FakeClock, count_step, cpu_env, float_zero, zero
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 # -- shared pieces -------------------------------------------------------------------------
 
@@ -517,9 +517,9 @@ def fail_after_first(monkeypatch, owner, name, make_error=lambda: OSError("disk 
 
 
 def test_a_save_that_fails_raises_from_run(monkeypatch, tmp_path):
-    import jaxmon._checkpoint
+    import jaxmon._checkpoints.manager
 
-    calls = fail_after_first(monkeypatch, jaxmon._checkpoint.ocp.CheckpointManager, "save")
+    calls = fail_after_first(monkeypatch, jaxmon._checkpoints.manager.ocp.CheckpointManager, "save")
     directory = tmp_path / "ckpt"
     hook = jm.CheckpointSaverHook(directory, save_steps=2)
     reached = []
@@ -537,9 +537,9 @@ def test_a_save_that_fails_raises_from_run(monkeypatch, tmp_path):
 
 
 def test_a_save_that_fails_at_end_raises_from_close(monkeypatch, tmp_path):
-    import jaxmon._checkpoint
+    import jaxmon._checkpoints.manager
 
-    fail_after_first(monkeypatch, jaxmon._checkpoint.ocp.CheckpointManager, "save")
+    fail_after_first(monkeypatch, jaxmon._checkpoints.manager.ocp.CheckpointManager, "save")
     directory = tmp_path / "ckpt"
     loop_done = []
     with pytest.raises(OSError, match="disk full"):

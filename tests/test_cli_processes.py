@@ -25,8 +25,9 @@ import pytest
 from helpers import cpu_env
 
 import jaxmon as jm
-from jaxmon import _launch, _local_processes
 from jaxmon._experiment.config_file import ConfigError
+from jaxmon._processes import launch as _launch
+from jaxmon._processes import local as _local_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = re.compile(r"step (\d+): test accuracy ([\d.]+), loss ([\d.]+)  \((.+)\)")
@@ -249,7 +250,7 @@ def test_a_killed_launcher_leaves_no_child_training(tmp_path):
     (tmp_path / "fake.py").write_text(FAKE)
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
-        from jaxmon._local_processes import _Children
+        from jaxmon._processes.local import _Children
         logs = [{str(tmp_path / "process-0.log")!r}, {str(tmp_path / "process-1.log")!r}]
         _Children([sys.executable, "-u", {str(tmp_path / "fake.py")!r}, "saves", {str(tmp_path)!r}],
                   "127.0.0.1:1", logs, 1.0).run()

@@ -14,8 +14,9 @@ import pytest
 from helpers import cpu_env
 
 import jaxmon as jm
-from jaxmon import _checkpoint, _step_dirs
-from jaxmon._batches import BatchSource
+from jaxmon._checkpoints import manager as _checkpoint
+from jaxmon._checkpoints import step_dirs as _step_dirs
+from jaxmon._run.batches import BatchSource
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,7 +192,7 @@ def test_the_grain_loader_reads_no_batches_ahead_of_those_taken():
     batch is taken (in the workers: when a worker builds its next batch), not hundreds of
     batches ahead as grain's defaults for slow storage would (16 threads, 500 batches)."""
     pytest.importorskip("grain")
-    from jaxmon._loaders import array_pipeline
+    from jaxmon._data.loaders import array_pipeline
 
     rows = _CountedRows(10_000)
     batches = iter(array_pipeline({"x": rows}, 10, seed=0, worker_count=0))

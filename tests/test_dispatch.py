@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._dispatch import Dispatch
-from jaxmon._fetches import Routed, normalize
-from jaxmon._hook_runner import QUIET, Call, RunPlan, RunResult
+from jaxmon._run.dispatch import Dispatch
+from jaxmon._run.fetches import Routed, normalize
+from jaxmon._run.hook_runner import QUIET, Call, RunPlan, RunResult
 
 
 def step(state, batch):

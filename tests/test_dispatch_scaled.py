@@ -37,7 +37,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 LAST_STEP = 23
 TX = optax.adam(1e-2)
@@ -152,7 +152,7 @@ def mesh_main(root):
 
 def placement(data8, fsdp):
     """How `place_batch` shards a stacked batch of 4 steps: (spec, shard shape) per leaf."""
-    from jaxmon._sharding import Placement
+    from jaxmon._run.sharding import Placement
 
     stacked = {"x": np.zeros((4, 32, 4), np.float32), "w": np.zeros((4,), np.float32)}
     out = {}
@@ -244,9 +244,9 @@ class QuietRunner:  # this process's hooks never act; its run limit is its own t
 
 
 def test_agreed_runs_of_4_steps_never_cross_an_agreement_point(monkeypatch):
-    from jaxmon import _agree
-    from jaxmon._batches import BatchSource, Steps
-    from jaxmon._stopping import Preemption, Stopping
+    from jaxmon._processes import agree as _agree
+    from jaxmon._run.batches import BatchSource, Steps
+    from jaxmon._run.stopping import Preemption, Stopping
 
     agreed_at = []
 

@@ -18,7 +18,7 @@ import pytest
 from helpers import signal_between_saves
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT = str(ROOT / "configs" / "default.py")

@@ -17,10 +17,11 @@ import pytest
 from helpers import cpu_env
 from test_failures import DEFAULT, ROOT, assert_fails, train
 
-from jaxmon import _cli, _integrity
-from jaxmon._experiment.run import _check_workdir
-from jaxmon._paths import LinkedFileError, open_file
-from jaxmon._step_dirs import COMMIT_MARKER
+from jaxmon._base.paths import LinkedFileError, open_file
+from jaxmon._checkpoints import integrity as _integrity
+from jaxmon._checkpoints.step_dirs import COMMIT_MARKER
+from jaxmon._cli import main as _cli
+from jaxmon._experiment.train import _check_workdir
 from jaxmon._writers import events
 from jaxmon._writers.jsonl import JsonlWriter
 

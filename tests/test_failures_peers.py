@@ -27,7 +27,7 @@ from helpers import cpu_env, free_port
 from test_cli_processes import _config
 
 import jaxmon as jm
-from jaxmon import _agree
+from jaxmon._processes import agree as _agree
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 80
@@ -55,7 +55,7 @@ def test_train_help_documents_exit_75():
 NOISY_THREAD = """
 import importlib.util, os, sys, threading, time
 
-spec = importlib.util.spec_from_file_location("_cli_signals", "jaxmon/_cli_signals.py")  # no JAX to start
+spec = importlib.util.spec_from_file_location("_cli_signals", "jaxmon/_cli/signals.py")  # no JAX to start
 _cli_signals = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(_cli_signals)
 

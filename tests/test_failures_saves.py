@@ -17,7 +17,7 @@ import pytest
 from test_failures import ROOT, SAVES_ONLY, assert_fails, assert_same_checkpoint, tmpfs, train
 
 import jaxmon as jm
-from jaxmon._checkpoint import Checkpoints, SaveError, complete_steps
+from jaxmon._checkpoints.manager import Checkpoints, SaveError, complete_steps
 from jaxmon._writers.jsonl import JsonlWriter
 
 #: The noise a failed Orbax restore or save used to leave after the result line.
@@ -172,7 +172,8 @@ RESTORE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("patch", ["", "import jaxmon._checkpoint as c; c.finish_failed_event_loops = lambda: None"])
+@pytest.mark.parametrize(
+    "patch", ["", "import jaxmon._checkpoints.manager as c; c.finish_failed_event_loops = lambda: None"])
 def test_a_failed_restore_leaves_no_task_of_orbax_behind(tmp_path, patch):
     """64 arrays read at once, all failing: Orbax's loop closed on the first error used to
     leave the rest to print from TensorStore's threads and at exit (the patched run)."""

@@ -20,8 +20,8 @@ import pytest
 from test_failures import DEFAULT, ROOT, assert_fails
 
 import jaxmon as jm
-from jaxmon import _cli_signals
-from jaxmon._state_life import unaliased
+from jaxmon._cli import signals as _cli_signals
+from jaxmon._run.state_life import unaliased
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 NAME = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}

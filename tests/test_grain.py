@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from helpers import cpu_env
 
-from jaxmon import _checkpoint, _step_dirs
+from jaxmon._checkpoints import manager as _checkpoint
+from jaxmon._checkpoints import step_dirs as _step_dirs
 
 pytest.importorskip("grain")  # the jaxmon[grain] extra (installed by `make test`)
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import FakeClock, RecordingHook, events
 
 import jaxmon as jm
-from jaxmon._fetches import Wanted
-from jaxmon._hook_runner import QUIET, Call, HookRunner, RunPlan, RunResult
+from jaxmon._run.fetches import Wanted
+from jaxmon._run.hook_runner import QUIET, Call, HookRunner, RunPlan, RunResult
 
 OUTPUTS = {"loss": jnp.float32(0.5)}
 

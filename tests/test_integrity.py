@@ -1,4 +1,4 @@
-"""Checkpoint integrity (`jaxmon/_integrity.py`) on real checkpoints: a checkpoint whose
+"""Checkpoint integrity (`jaxmon/_checkpoints/integrity.py`) on real checkpoints: a checkpoint whose
 bytes changed after it was written is refused with one line naming its step and the
 file, the one before it is restored, and the run trains on to the uninterrupted run's
 state bit for bit; `restore_checkpoint` of that step raises. Then the manifest's own
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon import _integrity
+from jaxmon._checkpoints import integrity as _integrity
 
 # -- a tiny Adam run on deterministic data --------------------------------------------------
 

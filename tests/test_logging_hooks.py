@@ -12,7 +12,7 @@ import pytest
 from helpers import FakeClock, RecordingWriter, count_step, window_means, zero
 
 import jaxmon as jm
-from jaxmon import _off_loop
+from jaxmon._ops import report_thread as _off_loop
 
 
 def metrics_step(state, batch):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._metrics import Accumulators, _Layout
-from jaxmon._reductions import FirstNonFinite, Mean, Reduction, check_reduce
+from jaxmon._metrics.accumulators import Accumulators, _Layout
+from jaxmon._metrics.reductions import FirstNonFinite, Mean, Reduction, check_reduce
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
 

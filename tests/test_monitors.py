@@ -11,7 +11,7 @@ import pytest
 from helpers import forever, slow_matmuls, step_times
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps as saved_steps
+from jaxmon._checkpoints.manager import complete_steps as saved_steps
 
 
 def counting_step(state, batch):

@@ -417,7 +417,7 @@ def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     assert restored.step == 30 and restored.meta["step"] == 30
     assert type(restored.state["opt"]) is type(single_device_state()["opt"])
     # Each checkpoint holds the state of a hook after the saver as of its own step.
-    from jaxmon._step_dirs import read_meta
+    from jaxmon._checkpoints.step_dirs import read_meta
 
     counts = {step: [v for k, v in read_meta(run / str(step))["hooks"].items() if k.startswith("RunCounter")]
               for step in steps}
@@ -700,7 +700,7 @@ def test_each_process_reads_its_own_shard_and_resumes_it_exactly(main_run):
     rows = [{i for batch in full[p]["ids"] for i in batch} for p in range(2)]
     assert rows == [set(range(16)), set(range(16, 32))]
     # The checkpoint keeps each process's own position; each resumes from its own.
-    from jaxmon._step_dirs import read_meta
+    from jaxmon._checkpoints.step_dirs import read_meta
 
     meta = read_meta(main_run.workdir / "shards" / "6")
     assert [position["shard"] for position in meta["data_by_process"]] == [[0, 2], [1, 2]]

@@ -6,7 +6,7 @@ import pytest
 from helpers import RecordingHook, count_step, zero
 
 import jaxmon as jm
-from jaxmon._errors import is_recoverable
+from jaxmon._base.errors import is_recoverable
 
 
 @pytest.mark.parametrize("error", [jm.AbortedError, jm.UnavailableError])

@@ -277,7 +277,7 @@ def test_windows_of_other_reductions_in_a_checkpoint_are_dropped_with_a_warning(
 
 
 def test_the_schedule_is_absolute_and_reports_step_1_when_asked():
-    from jaxmon._triggers import Every
+    from jaxmon._base.triggers import Every
 
     timer = Every(every_steps=5)
     timer.start(7)  # a run resumed at 7
@@ -301,7 +301,7 @@ def test_the_schedule_is_absolute_and_reports_step_1_when_asked():
 
 
 def test_a_restored_timer_that_its_hook_never_started_counts_from_its_restored_step():
-    from jaxmon._triggers import Every
+    from jaxmon._base.triggers import Every
 
     clock = FakeClock()
     timer = Every(every_steps=5, clock=clock)

@@ -11,7 +11,7 @@ import pytest
 from helpers import FakeClock, RecordingWriter, count_step, zero
 
 import jaxmon as jm
-from jaxmon import _off_loop
+from jaxmon._ops import report_thread as _off_loop
 
 
 def formatter_on(threads, fail_at=None):

@@ -27,8 +27,8 @@ import pytest
 from helpers import RecordingHook, count_step, cpu_env, zero
 
 import jaxmon as jm
-from jaxmon import _integrity
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints import integrity as _integrity
+from jaxmon._checkpoints.manager import complete_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "tests", "trainer.py")

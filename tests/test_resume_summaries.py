@@ -12,7 +12,7 @@ import time
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon._cli import _records
+from jaxmon._cli.main import _records
 
 SCRIPT = textwrap.dedent("""
     import sys, time

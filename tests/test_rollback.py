@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 
 def read_jsonl(path):

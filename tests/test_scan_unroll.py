@@ -16,9 +16,9 @@ import pytest
 from jax.extend import core
 
 import jaxmon as jm
-import jaxmon._step
+import jaxmon._run.compiled_step
 from jaxmon._experiment.sections import session_args_of
-from jaxmon._scan_unroll import Scan, canonical_convolutions, convolves, platform_of, resolve_scan_unroll
+from jaxmon._run.scan_unroll import Scan, canonical_convolutions, convolves, platform_of, resolve_scan_unroll
 
 STEPS = 6
 TX = optax.adam(0.05)
@@ -249,14 +249,14 @@ class EndsAtStepOne(jm.Hook):
 
 def test_a_run_whose_program_compiles_in_the_background_runs_step_by_step_meanwhile(monkeypatch):
     released, compiled = threading.Event(), []
-    compile_ahead = jaxmon._step._compile
+    compile_ahead = jaxmon._run.compiled_step._compile
 
     def held_compile(variant, args, length, todo, started):
         assert released.wait(timeout=60)
         compile_ahead(variant, args, length, todo, started)
         compiled.append(length)
 
-    monkeypatch.setattr(jaxmon._step, "_compile", held_compile)
+    monkeypatch.setattr(jaxmon._run.compiled_step, "_compile", held_compile)
     batches, hook = mlp_batches() + mlp_batches()[:3], EndsAtStepOne()
     reference = train(mlp_step, mlp_init, batches, 1)
     with jm.MonitoredSession(mlp_step, mlp_init, data=batches, hooks=[hook], steps_per_dispatch=4,

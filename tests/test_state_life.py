@@ -16,10 +16,11 @@ import pytest
 from helpers import Counter, Plain
 
 import jaxmon as jm
-from jaxmon import _checkpoint, _step_dirs
-from jaxmon._batches import BatchSource
-from jaxmon._metrics import Accumulators
-from jaxmon._state_life import Snapshot, StateLife, _hook_keys
+from jaxmon._checkpoints import manager as _checkpoint
+from jaxmon._checkpoints import step_dirs as _step_dirs
+from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._run.batches import BatchSource
+from jaxmon._run.state_life import Snapshot, StateLife, _hook_keys
 
 
 class Keeper(jm.Hook):

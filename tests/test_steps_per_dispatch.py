@@ -21,7 +21,7 @@ from helpers import RecordingHook, RecordingWriter, float_zero, window_means
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 # -- shared pieces ---------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, zero
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon import _off_loop
+from jaxmon._ops import report_thread as _off_loop
 from jaxmon._writers import SummaryWriterCache
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}

@@ -25,7 +25,7 @@ from helpers import RecordingHook, events
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
@@ -539,7 +539,7 @@ def test_hparams_are_written_once_per_run_to_tensorboard_and_beside_metrics_json
         pass
     assert json.loads((tmp_path / "hparams.json").read_text()) == {"lr": 0.1, "model.width": 64}
     assert (tmp_path / "metrics.jsonl").read_text().splitlines()[0] == header
-    from jaxmon._cli import run_info
+    from jaxmon._cli.main import run_info
 
     assert run_info(str(tmp_path))["metrics"]["loss"] == (1, 0.0)  # `jaxmon inspect` reads past the header
     with pytest.raises(TypeError, match="hparams must be a dict"):

@@ -13,8 +13,8 @@ import pytest
 from helpers import Counter, count_step, zero
 
 import jaxmon as jm
-from jaxmon import _cli
-from jaxmon._checkpoint import complete_steps
+from jaxmon._checkpoints.manager import complete_steps
+from jaxmon._cli import main as _cli
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")

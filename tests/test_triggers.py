@@ -77,7 +77,7 @@ def test_the_never_trigger_timer_never_fires():
 def test_take_is_should_trigger_then_update_in_one_call(every):
     """`Every.take` (the built-in hooks' one call per trigger) answers as the two calls it
     replaces, over steps that jump, repeat and come back after a restore."""
-    from jaxmon._triggers import Every
+    from jaxmon._base.triggers import Every
 
     clocks, timers = (FakeClock(), FakeClock()), []
     for clock in clocks:

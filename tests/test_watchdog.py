@@ -14,7 +14,7 @@ import pytest
 from test_failures import DEFAULT, ROOT
 
 import jaxmon as jm
-from jaxmon import _watchdog
+from jaxmon._ops import watchdog as _watchdog
 
 pytestmark = pytest.mark.processes
 

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.tasks import TaskContext, boxed_params
-from jaxmon._state import TrainState
+from jaxmon._run.train_state import TrainState
 
 __all__ = ["Layout", "ShardingError", "layout_of", "mesh_of"]
 

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import optax
 
-from jaxmon import _loaders
-from jaxmon._data import ArrayDataSource
+from jaxmon._data import loaders as _loaders
+from jaxmon._data.arrays import ArrayDataSource
 from jaxmon._experiment import tasks
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve

@@ -14,7 +14,7 @@ import optax
 import jaxmon
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve
-from jaxmon._training import MonitoredTrainingSession
+from jaxmon._run.training import MonitoredTrainingSession
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.
 _RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config",

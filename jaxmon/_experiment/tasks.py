@@ -20,8 +20,8 @@ import optax
 
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import resolve
-from jaxmon._reductions import Ratio, Reduction
-from jaxmon._state import TrainState
+from jaxmon._metrics.reductions import Ratio, Reduction
+from jaxmon._run.train_state import TrainState
 
 __all__ = ["Task", "TaskContext", "task_of"]
 

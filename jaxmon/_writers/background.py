@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon import _off_loop
+from jaxmon._ops import report_thread as _off_loop
 from jaxmon._writers.interface import restart
 
 #: The background writers whose last write failed, until the loop raises it (`raise_failed_write`).

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from jaxmon._paths import open_file
+from jaxmon._base.paths import open_file
 
 # A record: the data's length (uint64), its masked CRC-32C (uint32), the data, the data's masked CRC-32C.
 _LENGTH = struct.Struct("<Q")

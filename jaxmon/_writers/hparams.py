@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon._paths import flatten
+from jaxmon._base.paths import flatten
 
 
 def flat_hparams(hparams: Mapping[str, Any]) -> dict[str, bool | int | float | str]:

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxmon._paths import open_fd, open_file
+from jaxmon._base.paths import open_fd, open_file
 from jaxmon._writers.hparams import flat_hparams
 
 

@@ -6,7 +6,7 @@ import os
 import weakref
 from typing import Any
 
-from jaxmon import _off_loop
+from jaxmon._ops import report_thread as _off_loop
 from jaxmon._writers.cache import SummaryWriterCache
 from jaxmon._writers.interface import SummaryWriter, restart
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon import _checkpoint
-from jaxmon._errors import check_int
-from jaxmon._hook import RunContext, RunValues
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_int
+from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._checkpoints import manager as _checkpoint
 from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")

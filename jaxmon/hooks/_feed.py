@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jaxmon._hook import Hook, RunArgs, RunContext
+from jaxmon._base.hook import Hook, RunArgs, RunContext
 
 
 class FeedFnHook(Hook):

@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxmon import _off_loop
-from jaxmon._errors import check_number, check_on_error
-from jaxmon._goodput import CATEGORIES, FILE, breakdown, read_record, write_record
-from jaxmon._hook import RunContext, RunValues
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_number, check_on_error
+from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops.time_spent import CATEGORIES, FILE, breakdown, read_record, write_record
 from jaxmon._writers.slot import WriterSlot
 from jaxmon.hooks._timed import TimedHook
 

@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon import _fetches, _off_loop
-from jaxmon._errors import check_on_error
-from jaxmon._hook import RunArgs, RunContext, RunValues
-from jaxmon._metrics import windows_on_timer
-from jaxmon._reductions import Mean, Reduction, check_reduce, of_last_step
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_on_error
+from jaxmon._base.hook import RunArgs, RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._metrics.accumulators import windows_on_timer
+from jaxmon._metrics.reductions import Mean, Reduction, check_reduce, of_last_step
+from jaxmon._ops import report_thread as _off_loop
+from jaxmon._run import fetches as _fetches
 from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxmon import _errors
-from jaxmon._checkpoint import complete_steps
-from jaxmon._errors import NanLossDuringTrainingError, RollbackError
-from jaxmon._hook import RunArgs, RunContext
-from jaxmon._reductions import FirstNonFinite
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base import errors as _errors
+from jaxmon._base.errors import NanLossDuringTrainingError, RollbackError
+from jaxmon._base.hook import RunArgs, RunContext
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._checkpoints.manager import complete_steps
+from jaxmon._metrics.reductions import FirstNonFinite
 from jaxmon._writers.slot import WriterSlot
 from jaxmon.hooks._timed import TimedHook
 

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxmon._errors import check_on_error
-from jaxmon._hook import RunContext, RunValues
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_on_error
+from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon.hooks._timed import TimedHook
 
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import jax
 
-from jaxmon._errors import check_on_error
-from jaxmon._hook import RunContext, RunValues
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_on_error
+from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")

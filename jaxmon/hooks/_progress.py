@@ -13,10 +13,10 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from jaxmon._errors import check_int, check_on_error
-from jaxmon._hook import RunArgs, RunContext, RunValues
-from jaxmon._reductions import Mean, Reduction, check_reduce
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_int, check_on_error
+from jaxmon._base.hook import RunArgs, RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
 from jaxmon.hooks._stop import StopAtStepHook
 from jaxmon.hooks._timed import TimedHook
 

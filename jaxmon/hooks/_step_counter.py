@@ -11,10 +11,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon import _off_loop
-from jaxmon._errors import check_int, check_on_error
-from jaxmon._hook import RunContext, RunValues
-from jaxmon._triggers import Trigger, timer_for
+from jaxmon._base.errors import check_int, check_on_error
+from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._ops import report_thread as _off_loop
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
 from jaxmon.hooks._timed import TimedHook

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from jaxmon._errors import check_int
-from jaxmon._hook import Hook, RunContext, RunValues
-from jaxmon._triggers import Trigger
+from jaxmon._base.errors import check_int
+from jaxmon._base.hook import Hook, RunContext, RunValues
+from jaxmon._base.triggers import Trigger
 
 logger = logging.getLogger("jaxmon")
 

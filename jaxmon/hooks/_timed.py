@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxmon._hook import Hook
-from jaxmon._triggers import SecondOrStepTimer
+from jaxmon._base.hook import Hook
+from jaxmon._base.triggers import SecondOrStepTimer
 
 
 class TimedHook(Hook):

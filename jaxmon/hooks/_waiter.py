@@ -7,9 +7,9 @@ import os
 import time
 from collections.abc import Callable
 
-from jaxmon import _checkpoint
-from jaxmon._errors import check_number
-from jaxmon._hook import Hook, RunContext
+from jaxmon._base.errors import check_number
+from jaxmon._base.hook import Hook, RunContext
+from jaxmon._checkpoints import manager as _checkpoint
 
 logger = logging.getLogger("jaxmon")
 

@@ -1,0 +1,1 @@
+"""Checkpoints on Orbax: saving and restoring, integrity, step directories, failures, warm start."""

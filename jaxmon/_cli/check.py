@@ -1,0 +1,75 @@
+"""`jaxmon check`: a config's preflight, printed before anything trains."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jaxmon._cli.runs import _size
+
+_CHECK = """\
+Build what a config describes and compile one training step, without training: print
+the resolved config, the parameters per top-level module, the mesh, each state leaf's
+shape and sharding, the global batch, the compiled step's memory per device (XLA's
+memory analysis) and its compile time. A parameter or batch that the mesh cannot split
+is one line naming it, its shape and the mesh axis (exit 2), as is any other config
+error. Run it on the devices you will train on (with the same XLA_FLAGS, on every host).
+
+  jaxmon check --config configs/lm.py
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 jaxmon check --config configs/lm_fsdp.py
+"""
+
+
+def add_check(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon check` to `commands` (the main parser's subparsers)."""
+    check = commands.add_parser("check", help="a config's preflight: parameters, mesh, shardings, memory",
+                                description=_CHECK, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="jaxmon check --config FILE [--json] [--config.KEY=VALUE ...]")
+    check.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
+    check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    check.set_defaults(handler=_check, takes_overrides=True)
+    return check
+
+
+def _check(args: argparse.Namespace) -> int:
+    from jaxmon._cli import signals as _cli_signals
+    from jaxmon._experiment.config_file import load_config
+
+    with _cli_signals.loading():
+        config = load_config(args.config, args.overrides)
+        from jaxmon._experiment.preflight import check_experiment
+        from jaxmon._processes.launch import connect
+    connect()
+    report = check_experiment(config)
+    print(json.dumps(report, default=str) if args.json else format_report(report), flush=True)
+    return 0
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report of `check_experiment` as the text `jaxmon check` prints."""
+    lines = ["config:", *("  " + line for line in json.dumps(report["config"], indent=2, default=str).splitlines())]
+    lines.append("parameters:")
+    lines += [f"  {name:<24} {count:>14,}" for name, count in report["parameters"].items()]
+    mesh = report["mesh"]
+    lines.append("mesh: " + ("none (one device)" if mesh is None else
+                             " x ".join(f"{name}={size}" for name, size in mesh.items())) +
+                 f"  devices: {', '.join(report['devices'])}")
+    params = [row for row in report["state"] if row["path"].startswith("state.params")] or report["state"]
+    rest = [row for row in report["state"] if row not in params]
+    lines.append("parameters (path, shape, dtype, sharding):")
+    width = max((len(row["path"]) for row in params), default=0)
+    lines += [f"  {row['path']:<{width}}  {str(tuple(row['shape'])):<18} {row['dtype']:<8} {row['sharding']}"
+              for row in params]
+    if rest:
+        split = sum(row["sharding"] not in ("replicated", "one device") for row in rest)
+        lines.append(f"other state (optimizer, step): {len(rest)} arrays, {split} split like their parameters "
+                     "(--json lists each)")
+    lines.append("batch (global):")
+    lines += [f"  {key}: {tuple(value['shape'])} {value['dtype']}"
+              + (f"  {value['sharding']}" if value["sharding"] else "") for key, value in report["batch"].items()]
+    memory = report["memory_per_device"]
+    lines.append("compiled step, per device: " + ", ".join(f"{name} {_size(n)}" for name, n in memory.items()))
+    lines.append(f"compile time: {report['compile_secs']:.2f} s")
+    return "\n".join(lines)

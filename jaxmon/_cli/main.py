@@ -1,0 +1,350 @@
+"""The `jaxmon` command: train from a config, inspect a run, plot its curves."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from jaxmon._base.paths import LinkedFileError, open_file
+from jaxmon._cli import signals as _cli_signals
+from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
+    Line,
+    Panel,
+    _best_metric,
+    _du,
+    _inspect,
+    _is_number,
+    _plot,
+    _pyplot,
+    _rank_best,
+    _records,
+    _run_label,
+    _size,
+    _yscale,
+    add_inspect,
+    add_plot,
+    draw,
+    plot_plan,
+    read_series,
+    run_info,
+)
+
+_DESCRIPTION = """\
+Train, inspect and plot jaxmon runs.
+
+  jaxmon train --config configs/default.py --workdir runs/default
+  jaxmon train --config configs/default.py --workdir runs/lr --config.optimizer.learning_rate=1e-3
+  jaxmon inspect runs/default
+  jaxmon plot runs/default
+
+A run's directory holds its checkpoints (one directory per step), TensorBoard event
+files (`tensorboard --logdir runs`) and metrics.jsonl (one JSON line per step).
+"""
+
+_TRAIN = """\
+Train the experiment a config file describes, in DIR. If DIR has checkpoints, training
+resumes from the latest one (state, step, data position and hooks), so the same command
+continues an interrupted run; changing the model, data, task, seed or optimizer (any
+of its keys, the learning rate too) of a run that has checkpoints is an error naming
+each changed key (start a new DIR, or warm-start from the old one with
+--config.warm_start=OLD_DIR).
+
+The config is a Python file whose get_config() returns a dict, or a YAML file, with the
+sections seed, steps, data, model, task, optimizer, hooks, session and warm_start:
+configs/default.py shows and explains each. Override any value with --config.KEY=VALUE
+(dotted keys, list items by index: --config.hooks.1.every_n_steps=100; None turns a
+setting off); the value must have the type of the value it replaces, and an unknown
+key is an error listing the keys that exist there.
+
+Several hosts: run the same command on each. A process is one of several when
+JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID
+are set, or in a cluster that jax.distributed.initialize() detects (SLURM with several
+tasks, Open MPI's mpirun, a multi-host TPU slice, a Kubernetes Job): it connects to the
+others before training, and process 0 writes the summaries. --processes N tries it on
+this machine: N processes of this command on the CPU, connected on 127.0.0.1, each
+with this environment (XLA_FLAGS=--xla_force_host_platform_device_count=4 gives each
+4 CPU devices). Process 0's output is shown; process i's goes to DIR/process-<i>.log,
+its warnings and errors shown too after [process i]. If a process fails, the others
+are stopped and the exit code is the failed one's (128+N if killed by signal N); Ctrl-C
+makes every process save at one step they agree on, and stop.
+
+Exit codes: 0 trained (or already at the last step); 2 something given wrong (the
+config's syntax, a key, a type or a value, a resume's changed settings, a --workdir
+that is a file, unwritable or in use by another run; a DIR the refused command created
+is removed again); 1 training failed (a non-finite loss, a failed save, a hook's
+error); 75 another process of the run died or stopped answering, so this one stopped
+too, at once (the complete checkpoints stand: start every process again to resume);
+76 the watchdog (session.watchdog_secs) saw no step complete in time: every thread's
+stack and what the loop was doing are above the last line; the same command resumes;
+130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
+the step it stopped on (run the same command to resume), or before training started,
+with nothing to save. A failure ends with one line
+saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it).
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the `jaxmon` command; returns its exit code. Ctrl-C and SIGTERM stop it from
+    here on with exit 130 / 143 and one line, never a traceback (see `_cli_signals`)."""
+    with _cli_signals.handling():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
+    args = None
+    try:
+        with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
+            from jaxmon._experiment.config_file import ConfigError
+
+            args = _parse(argv)
+        code = args.handler(args)
+        _cli_signals.check()  # a signal that a library caught on the way stops the command all the same
+        return code
+    except BaseException as error:
+        if args is None:  # the usage's error or --help (SystemExit)
+            raise
+        signum = _cli_signals.stopped(error)  # first: whatever a signal became on its way up
+        if signum is not None:
+            return _fail(args, _cli_signals.EXIT_CODES[signum], _cli_signals.stop_line(args, error, signum), error)
+        if isinstance(error, ConfigError):
+            return _fail(args, 2, str(error), error)
+        if isinstance(error, BrokenPipeError):  # `jaxmon inspect DIR | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if not isinstance(error, Exception):  # SystemExit
+            raise
+        agree = sys.modules.get("jaxmon._processes.agree")  # not loaded (no JAX): no PeerError either
+        if agree is not None and isinstance(error, agree.PeerError):  # another process died (75) or failed (1)
+            return _fail(args, error.exit_code, _one_line(error), error)
+        return _fail(args, 1, _one_line(error), error)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line's arguments, `overrides` and `argv` among them."""
+    parser = argparse.ArgumentParser(prog="jaxmon", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_train(commands)
+    from jaxmon._cli.check import add_check
+
+    for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
+        command.add_argument("--debug", action="store_true", help="print a failure's traceback")
+    overrides, rest = _split_overrides(argv)
+    args = parser.parse_args(rest)
+    if overrides and not getattr(args, "takes_overrides", False):
+        parser.error(f"config overrides ({overrides[0]}) go with `jaxmon train`.")
+    args.overrides, args.argv = overrides, argv
+    return args
+
+
+def _add_train(commands: Any) -> argparse.ArgumentParser:
+    """Adds `jaxmon train` to `commands` (the main parser's subparsers); returns its parser."""
+    train = commands.add_parser("train", help="train from a config (resumes from WORKDIR)", description=_TRAIN,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="jaxmon train --config FILE --workdir DIR [--processes N] "
+                                      "[--config.KEY=VALUE ...]")
+    train.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
+    train.add_argument("--workdir", required=True, metavar="DIR", help="the run's directory (created if needed)")
+    train.add_argument("--processes", metavar="N",
+                       help="start N processes of this command on this machine, on the CPU, connected as "
+                            "several hosts are (see above); 1: a plain run")
+    train.add_argument("--quiet", action="store_true", help="log warnings only")
+    train.add_argument("--debug_host_syncs", action="store_true",
+                       help="raise where the data or a hook called on every run reads a device value on the host "
+                            "(session.debug_host_syncs)")
+    train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
+    cache = train.add_mutually_exclusive_group()
+    cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
+                       help="keep compiled programs here, so that a restart does not compile them again "
+                            "(default: DIR/compilation_cache, or JAX_COMPILATION_CACHE_DIR if set)")
+    cache.add_argument("--no_compilation_cache", action="store_true", help="compile everything at every start")
+    train.set_defaults(handler=_train, takes_overrides=True)
+    return train
+
+
+_ends_process = [False]  # set by `run()`: a failure's line is the process's last output
+
+
+def _fail(args: argparse.Namespace, code: int, message: str, error: BaseException) -> int:
+    """Ends a failed command: its traceback into the run's jaxmon-error.log (printed
+    too with --debug), then one line on stderr; returns the exit code."""
+    import traceback
+
+    sys.stdout.flush()
+    text = "".join(traceback.format_exception(error))
+    if args.debug:
+        print(text, file=sys.stderr, end="")
+    workdir = getattr(args, "workdir", None)
+    if code in (1, 75) and isinstance(workdir, str) and os.path.isdir(workdir):
+        log = os.path.join(workdir, "jaxmon-error.log")
+        try:
+            with open_file(log, "a", encoding="utf-8") as file:  # a link there is refused, not written through
+                file.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} exit {code}\n{text}\n")
+            if not args.debug:
+                print(f"jaxmon {args.command}: the traceback is in {log} (--debug prints it here).", file=sys.stderr)
+        except LinkedFileError as error:  # its target is left alone
+            print(f"jaxmon {args.command}: the traceback is not kept: {error}", file=sys.stderr)
+        except OSError:  # a full disk, say: the line below still says what failed
+            pass
+    if _ends_process[0]:  # the process ends after this line: nothing another thread writes comes after it
+        _cli_signals.write_last_line(f"jaxmon {args.command}: {message}\n")
+    else:
+        print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _one_line(error: BaseException) -> str:
+    """What failed, in one line: the error's type, message and notes (which hook, which step)."""
+    parts = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())]
+    return " ".join(" ".join(part.split()) for part in parts if part)
+
+
+def run() -> None:
+    """The `jaxmon` program: `main()`, then exit with its code. After a failure the
+    process ends at once: what Orbax's threads would still print while Python shuts
+    down would come after the line that says what failed. After success it ends as
+    Python would, without Python's teardown of every module (half a second of CPU once
+    JAX is loaded): its threads are joined and the exit functions run (JAX's, which
+    leaves the other processes of a run, Orbax's, logging's, a user's), then it ends."""
+    _ends_process[0] = True
+    code = main()
+    if code:
+        _cli_signals.flush_std_streams()
+        os._exit(code)
+    join_threads, exit_functions = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if join_threads is None or exit_functions is None:  # another Python: its own exit, teardown and all
+        sys.exit(0)
+    join_threads()  # what the interpreter does first at exit: the threads not marked daemon end
+    exit_functions()
+    _flush_open_files()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # as Python's own exit when it cannot flush stdout
+        os._exit(120)
+    os._exit(0)
+
+
+def _flush_open_files() -> None:
+    """Flushes every open file written through Python, and C's stdio, as Python's
+    teardown would (a user's hook may leave a file open); 50 ms with JAX loaded."""
+    import ctypes
+    import gc
+    import io
+
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    for file in [obj for obj in gc.get_objects() if type(obj) in kinds]:
+        try:
+            if not file.closed:
+                file.flush()
+        except Exception:  # a broken pipe, a full disk: as the teardown, it goes on
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask
+        pass
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`--config.KEY=VALUE` (or `--config.KEY VALUE`, the absl habit) apart from the rest."""
+    overrides, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config.") and "=" not in arg and i + 1 < len(argv):
+            overrides.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        (overrides if arg.startswith("--config.") else rest).append(arg)
+        i += 1
+    return overrides, rest
+
+
+def _train(args: argparse.Namespace) -> int:
+    from jaxmon._experiment.config_file import load_config
+    from jaxmon._processes.local import LEVEL_NAMES, processes_option, run_processes
+
+    with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
+        processes = processes_option(args.processes)
+        config = load_config(args.config, args.overrides)
+        if args.debug_host_syncs:
+            config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
+    if processes > 1:  # the config is checked once, here; each process loads it again
+        return run_processes(args.argv, processes, args.workdir)
+    with _cli_signals.loading():
+        import jax
+
+        from jaxmon._experiment.train import train_experiment
+        from jaxmon._processes.launch import connect
+    log = logging.getLogger("jaxmon")
+    if not log.handlers:
+        handler = _ClearLineHandler()
+        levels = " %(levelname)s" if os.environ.get(LEVEL_NAMES) else ""  # a launcher reads them
+        handler.setFormatter(logging.Formatter(f"%(asctime)s{levels} %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False  # libraries may have configured the root logger too
+    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    if not args.debug:  # tracebacks go to jaxmon-error.log; Orbax's own (absl) logs only with --debug
+        for handler in log.handlers:
+            if isinstance(handler, _ClearLineHandler):
+                handler.show_tracebacks = False
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
+        sys.stderr = _MainThreadOnly(sys.stderr, os.path.join(args.workdir, "jaxmon-error.log"))
+    connect()  # one of several processes (hosts): connect to the others first
+    cache = False if args.no_compilation_cache else args.compilation_cache or True
+    if args.no_compilation_cache:  # JAX_COMPILATION_CACHE_DIR too: this process compiles everything
+        jax.config.update("jax_enable_compilation_cache", False)
+    result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
+                              compilation_cache=cache)
+    if result.get("stopped") == "SIGTERM":  # saved and stopped: the same last line as Ctrl-C's
+        raise _cli_signals.Terminated(f"Stopped by SIGTERM at step {result['step']}")
+    return result.get("exit_code", 0)
+
+
+class _MainThreadOnly:
+    """stderr for what the main thread writes (log lines, the progress bar); what other
+    threads print on their own (Orbax's after a failed save: "Event loop is closed"
+    tracebacks) goes to the file `log` instead."""
+
+    def __init__(self, stream: Any, log: str):
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() is threading.main_thread():
+            return self._stream.write(text)
+        try:
+            with open_file(self._log, "a", encoding="utf-8") as file:
+                file.write(text)
+        except OSError:
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+class _ClearLineHandler(logging.StreamHandler):
+    """Logs to stderr; on a terminal, first clears the line a progress bar is drawn on
+    (the bar redraws itself below)."""
+
+    show_tracebacks = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(self.stream, "isatty", lambda: False)():
+            self.stream.write("\r\x1b[K")
+        if not self.show_tracebacks and record.exc_info:
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        super().emit(record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data sources a session takes batches from: in-memory arrays and real loaders."""

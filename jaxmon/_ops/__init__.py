@@ -1,0 +1,1 @@
+"""Operations around the loop: the report thread, the watchdog, time spent, host-sync guard."""

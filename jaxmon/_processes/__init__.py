@@ -1,0 +1,1 @@
+"""Several JAX processes: agreement, stragglers, and launching them."""

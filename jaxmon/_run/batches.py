@@ -1,0 +1,334 @@
+"""Where a session's batches come from: its data, taken ahead, stacked for multi-step
+runs, with the data position a checkpoint keeps."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon._data import loaders as _loaders
+from jaxmon._ops.host_syncs import HostSyncs
+
+logger = logging.getLogger("jaxmon")
+
+
+class BatchSource:
+    """The session's `data`: the batches of each run, and the position before them.
+
+    Batches taken ahead (for a multi-step run cut short, to learn early that the data
+    ended, or up to the next agreement of several processes) wait in a buffer with the
+    data position before each, so that a checkpoint records the position of the first
+    batch not yet run.
+
+    Args:
+      data: an iterable of batches, or None (every run is given its batch); its
+        iterator may have `get_state()` and `set_state(state)` (an exact resume
+        needs both).
+      steps_per_dispatch: the most steps one run takes.
+      run_limit: `run_limit(step, limit)`: `limit` cut to the next step a hook needs
+        a run to end on.
+      prefetch: with one step per run, keep this many batches taken ahead with their
+        host arrays already on their way to the device (`jax.device_put` returns at
+        once, as flax's `prefetch_to_device`), so that the copy overlaps the steps
+        before; 0 (or data whose first batch is already on the device) takes each
+        batch when its run starts.
+      put: how a batch taken ahead goes to the device (a sharded session's
+        `place_batch`: this process's part, with the batch sharding); None:
+        `jax.device_put`.
+      host_syncs: with `debug_host_syncs`, the guard each batch is taken under.
+      spent: the session's seconds by category; taking batches adds to "data".
+
+    An iterator the session made (`data` was an iterable, such as a grain dataset or
+    DataLoader) is closed with the session, which stops its worker processes; one given
+    as an iterator is the caller's, set back to its first batch not run.
+    """
+
+    def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
+                 prefetch: int = 0, put: Callable[[Any], Any] | None = None, host_syncs: HostSyncs | None = None,
+                 spent: dict[str, float] | None = None):
+        if data is not None and _loaders.is_grain(data):
+            _loaders.prepare_grain()
+        self._data = None if data is None else iter(data)
+        owned = data is not None and self._data is not data
+        self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`_goodput.TimeSpent`)
+        if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
+            self._data = host_syncs.iterator(self._data)
+        self._kind = type(data).__name__  # a resume without a position names it, once
+        self._told_no_position = False
+        #: Whether runs take their batches from `data` (else each run is given one).
+        self.has_data = self._data is not None
+        self._owned = owned
+        self._put = jax.device_put if put is None else put
+        self._steps_per_dispatch = steps_per_dispatch
+        self._prefetch = prefetch if steps_per_dispatch == 1 else 0
+        self._run_limit = run_limit
+        positions = getattr(self._data, "get_state", None)
+        self._positions: Callable[[], Any] | None = positions if callable(positions) else None
+        self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
+        self._deferred: BaseException | None = None  # what taking a batch ahead raised
+
+    def next(self, step: int, limit: int | None = None) -> Any:
+        """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
+        next trigger after `step` and `limit` (the most steps the run may take: with
+        several processes, those to their next agreement) allow (a power of two). Its
+        time goes to the session's `data` clock."""
+        started = time.perf_counter()
+        try:
+            if self._steps_per_dispatch == 1:
+                if not self._prefetch and not self._buffer and self._deferred is None:
+                    return next(self._data)
+                batch = self.next_one()
+                try:
+                    self.fill(self._prefetch)
+                except Exception as error:  # raised when that batch is due, not now (as the data's end)
+                    self._deferred = error
+                return batch
+            most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
+            length = _power_of_two(self._run_limit(step, most))
+            if len(self._buffer) < length:
+                if self._positions is None:  # no position to keep with each: take them in one go
+                    self._buffer.extend([batch, None, False]
+                                        for batch in itertools.islice(self._data, length - len(self._buffer)))
+                while len(self._buffer) < length and self.take_ahead():
+                    pass
+                if len(self._buffer) < length:  # the data ended: what is left, in powers of two
+                    if not self._buffer:
+                        raise StopIteration
+                    length = _power_of_two(len(self._buffer))
+            items = [self._buffer.popleft()[0] for _ in range(length)]
+            return items[0] if length == 1 else Steps(items)
+        finally:
+            self._spent["data"] += time.perf_counter() - started
+
+    def next_one(self) -> Any:
+        """The next single batch, the one taken ahead first if there is one."""
+        if self._buffer:
+            batch = self._buffer.popleft()[0]
+            self._send()
+            return batch
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+        return self._take()
+
+    def skip(self, count: int) -> list[Any]:
+        """Takes the next `count` batches and drops them (a roll-back past bad data);
+        returns the data position before each."""
+        positions = []
+        for _ in range(count):
+            positions.append(self.position())
+            if self._buffer:
+                self._buffer.popleft()
+            else:
+                next(self._data)
+        return positions
+
+    def fill(self, count: int, timed: bool = False) -> int:
+        """Takes batches ahead until `count` wait (the first `prefetch` of them sent to the
+        device, the rest kept on the host), or the data ends; returns how many wait. An
+        error of the data other than its end is raised now. `timed`: its time goes to the
+        session's `data` clock (`next` times its own)."""
+        started = time.perf_counter()
+        try:
+            while len(self._buffer) < count and self._deferred is None:
+                try:
+                    self._take_ahead()
+                except StopIteration as end:
+                    self._deferred = end
+            return len(self._buffer)
+        finally:
+            if timed:
+                self._spent["data"] += time.perf_counter() - started
+
+    def take_ahead(self) -> bool:
+        """Takes the next batch ahead; False when the data has ended."""
+        try:
+            self._take_ahead()
+        except StopIteration:
+            return False
+        return True
+
+    def _take_ahead(self) -> None:
+        position = self._get_state()
+        self._buffer.append([next(self._data), position, False])  # [batch, position before it, sent]
+        self._send()
+
+    def _send(self) -> None:
+        """Sends the first `prefetch` batches waiting to the device, as they move up."""
+        for item in itertools.islice(self._buffer, self._prefetch):
+            if not item[2]:
+                item[0], item[2] = self._sent(item[0]), True
+
+    def _take(self) -> Any:
+        """The data's next batch; with `prefetch`, its host arrays on their way to the device."""
+        batch = next(self._data)
+        return self._sent(batch) if self._prefetch else batch
+
+    def _sent(self, batch: Any) -> Any:
+        if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
+            return self._put(batch)
+        self._prefetch = 0  # data already on the device: nothing to gain from taking it ahead
+        return batch
+
+    def _get_state(self) -> Any:
+        return None if self._positions is None else self._positions()
+
+    def give_back(self) -> None:
+        """At the session's end: closes an iterator the session made; sets one it was given
+        back to the first batch taken ahead but not run (when it has `set_state`), so that
+        it carries on from there after the session (one without has lost those batches)."""
+        if self._owned:
+            self._buffer.clear()
+            _loaders.close_iterator(self._data)
+        elif self._buffer and hasattr(self._data, "set_state"):
+            self._data.set_state(self._buffer[0][1])
+            self._buffer.clear()
+            self._deferred = None
+
+    def position(self) -> Any:
+        """The data position before the next batch to run, as JSON (None when the
+        iterator has no `get_state()`)."""
+        return _loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state())
+
+    def restore(self, position: Any, step: int, recovering: bool) -> bool:
+        """Sets the data back to a checkpoint's `position` (of `step`), or says why not;
+        returns whether it did (a batch in hand is then past that position)."""
+        if position is not None:
+            if hasattr(self._data, "set_state"):
+                self._data.set_state(_loaders.from_json(position))
+                self._buffer.clear()
+                self._deferred = None
+                return True
+            else:
+                logger.warning("Checkpoint %d holds a data position, but this session's data has no set_state(); "
+                               "the data restarts from where it is.", step)
+        elif not recovering and hasattr(self._data, "get_state"):
+            logger.warning("Checkpoint %d holds no data position; the data restarts from its beginning.", step)
+        elif not recovering and self._data is not None and not self._told_no_position:
+            self._told_no_position = True
+            logger.warning("Resumed from checkpoint %d, but this session's data (a %s) has no get_state(), so no "
+                           "checkpoint holds its position: the run takes batches from where the data is now (its "
+                           "first batch, for data made afresh), not from where the checkpoint's run left it. Give "
+                           "data with get_state()/set_state(): jm.ArrayDataSource, a grain dataset, or "
+                           "jm.ResumableIterator(...) around a list, a loader or a function that returns a fresh "
+                           "iterator.", step, self._kind)
+        return False
+
+
+def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
+    """`(steps, batch, batches)` of one run. For a run of several steps (a list of
+    batches given to `run()` with `steps_per_dispatch`, or taken from data), `batch` is
+    what the step gets: host arrays stacked on a new leading axis here (one transfer),
+    batches already on the device as a list, which the compiled step stacks inside its
+    own program (no dispatch of its own); `batches` is the list, as hooks see it. A
+    run of one step gets its batch twice."""
+    if isinstance(batch, list) and steps_per_dispatch > 1:
+        batch = Steps(batch)
+    if isinstance(batch, Steps):
+        return len(batch.items), batch.stacked(), batch.items
+    return 1, batch, batch
+
+
+def pad_run(batch: Any, steps: int, size: int) -> Any:
+    """A run of `steps` steps (`batch` as `as_run` gives it) as a batch of `size` steps
+    for a program that takes only the first `steps` (see `CompiledStep.run_size`): the
+    last step's batch repeated, as a list on the device, stacked on the host."""
+    if isinstance(batch, list) and steps > 1:
+        return batch + [batch[-1]] * (size - steps)
+    if steps == 1:
+        if on_device(batch):
+            return [batch] * size
+        return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (size, *np.shape(x))), batch)
+    return jax.tree.map(lambda x: np.concatenate([np.asarray(x), np.repeat(np.asarray(x)[-1:], size - steps, 0)]),
+                        batch)
+
+
+def _power_of_two(limit: int) -> int:
+    """The largest power of two <= `limit` (1 for anything below 2)."""
+    return 1 << (max(1, limit).bit_length() - 1)
+
+
+class Steps:
+    """The batches of one multi-step run, stacked on a new leading axis when used."""
+
+    def __init__(self, items: list[Any]):
+        if not items:
+            raise ValueError("run() was given an empty list of batches; give at least one.")
+        self.items = items
+
+    def stacked(self) -> Any:
+        """Host batches stacked on a new leading axis; batches on the device as they are,
+        a list (see `as_run`: the step stacks them, and checks their shapes then)."""
+        if on_device(self.items[0]):
+            return self.items
+        try:
+            return jax.tree.map(_stack, *self.items)
+        except ValueError as error:
+            raise unstackable(len(self.items), error) from None
+
+
+def unstackable(count: int, error: Exception) -> ValueError:
+    return ValueError(f"The {count} batches of one run must have the same structure and shapes to be stacked "
+                      f"for steps_per_dispatch: {error}")
+
+
+def _stack(*leaves: Any) -> Any:
+    return np.stack([np.asarray(leaf) for leaf in leaves])
+
+
+def stack_leaves(items: list[Any]) -> Any:
+    """The batches `items` stacked leaf by leaf on a new leading axis (traced)."""
+    try:
+        return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)
+    except (ValueError, TypeError) as error:
+        raise unstackable(len(items), error) from None
+
+
+def on_device(batch: Any) -> bool:
+    """Whether every array of `batch` is on the device (a run of several takes such
+    batches as a list, see `as_run`)."""
+    return all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch))
+
+
+def abstract(tree: Any) -> Any:
+    """`tree`'s leaves as `jax.ShapeDtypeStruct`s that lower to the program a call with
+    them compiles (a committed array's sharding; weak types kept)."""
+    def leaf(x):
+        aval = jax.typeof(x)
+        sharding = x.sharding if isinstance(x, jax.Array) and x.committed else None
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
+
+    return jax.tree.map(leaf, tree)
+
+
+def one_step(batch: Any, length: int) -> Any:
+    """The abstract batch of one step of a run of `length` steps given `batch` (as
+    `as_run` makes it: one batch, a list of batches on the device, or a stacked one)."""
+    if length == 1:
+        return abstract(batch)
+    if isinstance(batch, list):
+        return abstract(batch[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype, sharding=_steps_axis(s.sharding, -1)),
+                        abstract(batch))
+
+
+def abstract_run(one: Any, steps: int) -> Any:
+    """The abstract batch of a run of `steps` steps stacked, from one step's `one` (as
+    `one_step` gives it): a sharding on a mesh keeps the steps axis whole."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct((steps, *s.shape), s.dtype,
+                                                       sharding=_steps_axis(s.sharding, +1)), one)
+
+
+def _steps_axis(sharding: Any, change: int) -> Any:
+    """`sharding` for a leaf with a leading steps axis added (+1) or taken away (-1)."""
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return sharding  # None, or one device's, whatever the rank
+    spec = (None, *sharding.spec) if change > 0 else tuple(sharding.spec)[1:]
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))

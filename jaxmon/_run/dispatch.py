@@ -1,0 +1,226 @@
+"""One run's dispatch: a `RunPlan` in, a `RunResult` out: the hooks' feeds merged, one
+fetch plan for the caller and every hook, the compiled call, the bound on steps queued
+ahead, and the last run kept for `fetch`."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon._base import errors as _errors
+from jaxmon._base.hook import Hook
+from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._run import fetches as _fetches
+from jaxmon._run import sharding as _sharding
+from jaxmon._run.batches import on_device, pad_run
+from jaxmon._run.compiled_step import CompiledStep
+from jaxmon._run.plan import RunPlan, RunResult
+
+NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
+_new_tuple = tuple.__new__
+
+
+class Dispatch:
+    """Dispatches runs of one compiled step (see `CompiledStep`) and remembers the last.
+
+    Args:
+      step_fn: the user's step function.
+      donate_state: donate the state's buffers to the step.
+      placement: a sharded session's `_sharding.Placement`, or None.
+      max_dispatch_ahead: the most steps queued without waiting for one, None for no
+        bound, or "auto" (see `_sharding.dispatch_ahead_default`).
+      accumulators: the hooks' accumulators, updated inside every step.
+      steps_per_dispatch: the most steps of one run; every power of two up to it is a
+        run length that the step is compiled for ahead (see `CompiledStep`).
+      scan_unroll: how far the `lax.scan` of a run of several steps is unrolled (see
+        `_scan_unroll.resolve_scan_unroll`).
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
+                 max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
+                 steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto",
+                 spent: dict[str, float] | None = None):
+        if max_dispatch_ahead == "auto":
+            max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
+        if max_dispatch_ahead is not None:
+            _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
+        lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
+        self._accumulators = accumulators if accumulators is not None and accumulators.active else None
+        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
+                                      accumulate=self._accumulators and self._accumulators.update,
+                                      unroll=scan_unroll, spent=spent)
+        self._placement = placement
+        self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
+        self.max_dispatch_ahead = max_dispatch_ahead
+        self._in_flight: collections.deque = collections.deque()
+        self._plans: dict[int, tuple[tuple, _fetches.FetchPlan]] = {}  # by the id of the plan's calls
+        self._last_batch, self._last_index = None, None
+        #: The last run's outputs (device arrays); empty before the first run.
+        self.last_outputs: Mapping[str, Any] = {}
+
+    @property
+    def compile_count(self) -> int:
+        self._compiled.wait_ahead()
+        return self._compiled.trace_count
+
+    def close(self) -> None:
+        self._compiled.close()
+
+    def keep_on_mesh(self, state: Any) -> None:
+        """With a mesh, constrains every new state to the shardings `state` has."""
+        if self._placement is not None and not self._compiled.constrained:
+            self._compiled.constrain_state(_sharding.constrain(self._placement.state_shardings(state)))
+
+    def __call__(self, state: Any, batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
+                 step: int) -> RunResult:
+        """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
+        `plan` merged into `batch` and every fetch of `plan` and the caller's
+        (`wanted`) computed in the same program; a quiet plan fetches nothing."""
+        fed, fetches, fetching, kept = batch, NOTHING_FETCHED, (), False
+        if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
+            # The plans of the hooks' own fetches are kept by the plan's calls (the runner gives
+            # the same calls to hooks that ask the same again: `HookRunner._plan`).
+            kept = None if wanted is not None else self._plans.get(id(plan.calls))
+            fetching = plan.fetching
+            if kept is not None and kept[0] is plan.calls:  # the hooks' fetches as a run before
+                fetches, kept = kept[1], True
+            else:
+                fetches, kept = _new_fetch_plan(plan, wanted, self._plans), False
+            if plan.feeds:
+                fed = _with_feeds(batch, plan.feeds, length)
+        size = 1 if self._single else self._compiled.run_size(state, length)
+        if size != length:  # one program takes every run length: the batch padded to its length
+            padded = pad_run(batch, length, size)
+            fed, batch = padded if fed is batch else pad_run(fed, length, size), padded
+        listed = None
+        if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
+            listed = len(self._compiled.lengths) > 1 and (isinstance(batch, list) if size > 1 else on_device(batch))
+            unfed = fed is batch
+            fed = self._placement.place_batch(fed, size)
+            batch = fed if unfed else batch
+        accumulators = self._accumulators
+        try:
+            if accumulators is None:
+                new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, size,
+                                                             unfed=batch, step=step, listed=listed, steps=length)
+            else:
+                carry = accumulators.carry
+                if carry is None:  # the first run since the state was created
+                    carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, size, step,
+                                                 _carry_sharding(state, self._placement))
+                new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
+                                                                    carry, batch, step, listed, length)
+                accumulators.carry = carry  # what the next run starts from
+        except Exception as error:  # on the trace of a new program only: raising costs nothing before
+            if self._placement is not None and type(error).__name__ == "ShardingTypeError":
+                note = _sharding.explicit_axes_note(self._placement.mesh)
+                if note is not None:
+                    error.add_note(note)
+            raise
+        if self.max_dispatch_ahead is not None:
+            self._bound(new_state, outputs, step)
+        self._last_batch, self.last_outputs, self._last_index = fed, outputs, length - 1 if size > 1 else None
+        if fetches is NOTHING_FETCHED:
+            return _new_tuple(RunResult, (new_state, outputs, None, ()))  # RunResult(new_state, outputs), faster
+        if kept:  # the hooks' fetches as a run before (their names checked then): routed where they are read
+            return _new_tuple(RunResult, (new_state, outputs, None, _fetches.Routed(fetches, outputs, fetched,
+                                                                                   fetching, len(plan.calls))))
+        caller, *values = fetches.route(outputs, fetched)  # now: a name that is no output raises on this run
+        results = tuple(_fetches.by_call(values, fetching, len(plan.calls))) if fetching else ()
+        return _new_tuple(RunResult, (new_state, outputs, caller, results))
+
+    def _bound(self, state: Any, outputs: Any, step: int) -> None:
+        """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
+        many steps are ever queued on the device."""
+        marker = next(iter(jax.tree.leaves(outputs)), None)
+        if marker is None:  # nothing to wait on but the state, which the next run donates
+            if (step + 1) % self.max_dispatch_ahead == 0:
+                jax.block_until_ready(state)
+            return
+        self._in_flight.append(marker)
+        if len(self._in_flight) > self.max_dispatch_ahead:
+            self._in_flight.popleft().block_until_ready()
+
+    def fetch(self, state: Any, fetches: Any) -> dict[str, Any]:
+        """`fetches` on `state` and the last run's batch and outputs, without a step."""
+        wanted = _fetches.normalize(fetches, "fetch(...)")
+        if wanted is None:
+            return {}
+        batch, outputs = self._last_batch, self.last_outputs
+        last = self._last_index
+        if last is not None:  # the last step's batch of a multi-step run
+            batch = batch[last] if isinstance(batch, list) else jax.tree.map(lambda x: x[last], batch)
+        plan = _fetches.FetchPlan([("fetch(...)", wanted)])
+        fetched = self._compiled.evaluate(plan.key, state, batch, outputs, plan.owners)
+        [result] = plan.route(outputs, fetched)
+        return jax.device_get(result)
+
+
+def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
+    """Where the accumulators go: replicated on a mesh, else on the state's device,
+    committed like the state (or the second run would compile again)."""
+    if placement is not None:
+        return placement.replicated
+    leaf = next(iter(jax.tree.leaves(state)), None)
+    return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
+
+
+def _new_fetch_plan(plan: RunPlan, wanted: _fetches.Wanted | None,
+                    plans: dict[int, tuple[tuple, _fetches.FetchPlan]]) -> _fetches.FetchPlan:
+    """The run's fetch plan (the caller's first, then each fetching call's), made anew;
+    kept in `plans`, by the plan's calls, when the caller fetches nothing."""
+    if not plan.fetching and wanted is None:
+        return NOTHING_FETCHED
+    fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
+                                  *[(plan.calls[i].hook, plan.calls[i].fetches) for i in plan.fetching]])
+    if wanted is None:
+        if len(plans) >= 64:  # hooks that ask anew every time
+            plans.clear()
+        plans[id(plan.calls)] = plan.calls, fetches
+    return fetches
+
+
+def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:
+    """`batch` with the hooks' `feeds` merged in; in a run of several steps, each value
+    for every step (batches on the device: merged into each)."""
+    if length > 1 and isinstance(batch, list):
+        return [merge_feeds(item, feeds) for item in batch]
+    if length > 1:
+        feeds = tuple((hook, {k: np.broadcast_to(np.asarray(v), (length, *np.shape(v))) for k, v in f.items()})
+                      for hook, f in feeds)
+    return merge_feeds(batch, feeds)
+
+
+def merge_feeds(batch: Any, feeds: Iterable[tuple[Hook, Mapping[str, Any]]]) -> Any:
+    """Merges the hooks' feeds into a new batch dict; a key fed twice is an error."""
+    merged: dict[str, Any] = {}
+    owners: dict[str, Hook] = {}
+    for hook, hook_feeds in feeds:
+        for key, value in hook_feeds.items():
+            if key in merged:
+                raise RuntimeError(
+                    f"Same batch key is fed by two hooks: {key!r} by {owners[key]!r} and "
+                    f"{hook!r}. Let one hook feed it."
+                )
+            merged[key], owners[key] = value, hook
+    if not merged:
+        return batch
+    if batch is None:
+        return merged
+    if not isinstance(batch, Mapping):
+        raise TypeError(
+            f"Hooks feed {sorted(merged)}, but the batch is a {type(batch).__name__}, not a "
+            "dict; feeds need dict batches."
+        )
+    clash = sorted(set(merged) & set(batch))
+    if clash:
+        raise RuntimeError(
+            f"Same batch key is fed by a hook and the caller: {clash} is already in the batch "
+            f"(given to run() or taken from data) and fed by {', '.join(repr(owners[k]) for k in clash)}. "
+            "Drop it from the batch or from the hook's feeds."
+        )
+    return {**batch, **merged}
