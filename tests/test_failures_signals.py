@@ -74,7 +74,7 @@ def assert_stopped(result, signum):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("delay", [0.2, 0.5, 0.8, 1.2, 2.0])
 def test_a_signal_during_start_up_exits_130_or_143_in_one_line(tmp_path, signum, delay):
-    process = start(tmp_path / "run", "--config.steps=50")
+    process = start(tmp_path / "run", "--config.steps=5000")  # still training when the signal comes
     wait_for_the_handlers(process)
     time.sleep(delay)  # the imports (JAX: a second or more), the config, the session's creation
     process.send_signal(signum)
