@@ -216,12 +216,12 @@ def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
 
 
 class SummariesOfASubclass(jm.SummarySaverHook):
-    """A subclass may read on other steps than its timer's: its windows restart at each read."""
+    """A subclass, whose windows restart at each of its reads as the built-in hook's do."""
 
 
 @pytest.mark.parametrize("resume_k", [1, 4])
 @pytest.mark.parametrize("cls", [jm.SummarySaverHook, SummariesOfASubclass])
-def test_windows_that_restart_in_the_step_survive_a_resume_with_other_runs(tmp_path, cls, resume_k):
+def test_windows_survive_a_resume_with_other_runs(tmp_path, cls, resume_k):
     def run_to(last_step, name, k):
         writer = jm.JsonlWriter(tmp_path / f"{name}.jsonl")
         hooks = [jm.CheckpointSaverHook(tmp_path / name, save_steps=8), cls(save_steps=4, summary_writer=writer),
@@ -241,10 +241,8 @@ def test_windows_that_restart_in_the_step_survive_a_resume_with_other_runs(tmp_p
     run_to(16, "whole", 1)
     # Windows 1, 2-4, 5-8 (the first run), then 9-12 and 13-16 whatever the runs after the resume.
     assert means("resumed") == means("whole") == [(1, 1.0), (4, 3.0), (8, 6.5), (12, 10.5), (16, 14.5)]
-    # The built-in hook's windows restart in the step where every run is one step; a subclass's, and
-    # those of runs of several steps, with a program of their own at its reads.
-    assert made == ((0 if cls is jm.SummarySaverHook else 1), (0 if cls is jm.SummarySaverHook and resume_k == 1
-                                                                else 1))
+    # The windows restart at the hook's reads, with one program for its set of readers, in both sessions.
+    assert made == (1, 1)
 
 
 @pytest.mark.parametrize(("every", "expected"), [(3, [(12, 10.5), (15, 14.0)]), (5, [(15, 12.0)])])
@@ -395,33 +393,6 @@ def test_prefetch_zero_takes_each_batch_when_its_run_starts():
 
 
 # -- hooks that sleep between their triggers -------------------------------------------------
-
-
-class Sleepy(jm.Hook):
-    idle_between_triggers = True
-
-    def __init__(self, every):
-        self.timer, self.before, self.after = jm.SecondOrStepTimer(every_steps=every), [], []
-
-    def before_run(self, ctx):
-        self.before.append(ctx.next_step)
-        return jm.RunArgs(fetches="loss") if self.timer.due(ctx.next_step) else None
-
-    def after_run(self, ctx, values):
-        self.after.append((values.step, None if values.results is None else float(values.results)))
-
-
-def test_a_hook_idle_between_triggers_is_called_only_on_runs_that_reach_one():
-    """A hook written against the deprecated `idle_between_triggers` and `timer` still sleeps."""
-    sleepy = Sleepy(every=10)
-    with pytest.warns(DeprecationWarning, match="Sleepy schedules itself with") as warned:
-        sess = jm.MonitoredSession(counting_step, fresh, hooks=[sleepy])
-    assert warned[0].filename == __file__  # it names the line that built the session
-    for _ in range(30):
-        sess.run({})
-    sess.close()
-    assert sleepy.before == [1, 11, 21]
-    assert sleepy.after == [(1, 1.0), (11, 11.0), (21, 21.0)]
 
 
 def test_a_subclass_that_replaces_an_event_is_called_every_run(tmp_path):

@@ -70,28 +70,3 @@ def test_the_never_trigger_timer_never_fires():
     timer = jm.NeverTriggerTimer()
     assert not any(timer.should_trigger_for_step(s) for s in range(5))
     assert timer.update_last_triggered_step(3) == (None, None) and timer.last_triggered_step() is None
-
-
-@pytest.mark.parametrize("every", [{"every_steps": 3}, {"every_steps": 3, "first": True}, {"every_secs": 1.0},
-                                   {"every_secs": 1.0, "first": True}])
-def test_take_is_should_trigger_then_update_in_one_call(every):
-    """`Every.take` (the built-in hooks' one call per trigger) answers as the two calls it
-    replaces, over steps that jump, repeat and come back after a restore."""
-    from jaxmon._base.triggers import Every
-
-    clocks, timers = (FakeClock(), FakeClock()), []
-    for clock in clocks:
-        timer = Every(clock=clock, **every)
-        timer.start(0)
-        timers.append(timer)
-    taking, asking = timers
-    for i, step in enumerate([1, 1, 2, 3, 4, 6, 7, 9, 9, 13, 14, 20, 21, 22, 40]):
-        for clock in clocks:
-            clock.t += 0.4 * (i % 4)
-        if i == 9:  # a restore: the last trigger's step comes back without a start()
-            for timer in timers:
-                timer.set_state({"last_step": 9, "waited": 0.2})
-        expected = asking.update_last_triggered_step(step) if asking.should_trigger_for_step(step) else None
-        assert taking.take(step) == expected, step
-        assert taking.last_triggered_step() == asking.last_triggered_step()
-    assert taking.due(41) == asking.due(41)

@@ -33,10 +33,6 @@ class RunArgs(NamedTuple):
       read: read this hook's `accumulators` after this run (one asynchronous copy
         for every hook that reads at this run) and deliver them in
         `RunValues.accumulated`; each accumulator that `restarts` starts afresh.
-
-    A hook may return the same `RunArgs` object at every trigger (the built-in hooks
-    do): the session then reuses what it made of it (the checks, the fetch plan), so
-    leave the dicts it holds unchanged once returned.
     """
 
     fetches: Fetches = None

@@ -9,8 +9,6 @@ from typing import NamedTuple
 
 from jaxmon._base.errors import check_int, check_number
 
-_new_tuple = tuple.__new__
-
 
 class Trigger(NamedTuple):
     """When a hook must next act (what `Hook.next_trigger` returns): after the run
@@ -109,13 +107,6 @@ class SecondOrStepTimer:
         self.update_last_triggered_step(step)
         return True
 
-    def take(self, step: int) -> tuple[float | None, int | None] | None:
-        """`due(step)` that also says how long since the last trigger: None when the action
-        is not due at `step`, else what `update_last_triggered_step(step)` returns."""
-        if not self.should_trigger_for_step(step):
-            return None
-        return self.update_last_triggered_step(step)
-
     def steps_to_next_trigger(self, step: int) -> int | None:
         """Steps from `step` to the next step-based trigger (at least 1), or None for a
         timer that counts seconds."""
@@ -191,7 +182,6 @@ class Every(SecondOrStepTimer):
     def reset(self) -> None:
         super().reset()
         self._waited: float | None = None
-        self._made: Trigger | None = None  # the last `next_trigger`
 
     def start(self, step: int) -> None:
         """The session starts (or resumes) at `step`: seconds count from now, less how
@@ -217,42 +207,13 @@ class Every(SecondOrStepTimer):
             return step // self.every_steps > before // self.every_steps
         return self._last_time is None or self._clock() >= self._last_time + self.every_secs
 
-    def due(self, step: int) -> bool:
-        return self.take(step) is not None
-
-    def take(self, step: int) -> tuple[float | None, int | None] | None:
-        # `should_trigger_for_step` and `update_last_triggered_step` inline: a trigger run asks
-        # it of every hook that acts, after many runs that did not (their code is far from cache);
-        # the one copy of both, which tests/test_triggers.py holds to them.
-        last = self._last_step
-        before = last or 0
-        if step <= before:
-            return None
-        if not (self.first and before < 1):
-            if self.every_steps:
-                if step // self.every_steps <= before // self.every_steps:
-                    return None
-            elif self._last_time is not None and self._clock() < self._last_time + self.every_secs:
-                return None
-        if self._last_time is None and last is not None:  # restored by a hook that never started it
-            self.start(step)
-            last = self._last_step
-        now = self._clock()
-        self._last_step, self._last_time, last_time = step, now, self._last_time
-        return (None, None) if last is None else (now - last_time, step - last)
-
     def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
         first = 1 if self.first and step < 1 else math.inf
         if self.every_steps:
-            at, deadline, clock = min(first, (step // self.every_steps + 1) * self.every_steps), math.inf, None
-        elif self._last_time is None:
+            return Trigger(min(first, (step // self.every_steps + 1) * self.every_steps), exact=exact)
+        if self._last_time is None:
             return None
-        else:
-            at, deadline, clock = first, self._last_time + self.every_secs, self._clock
-        made = self._made  # asked again before it is due (the session does): the same answer, not a new one
-        if made is None or made.step != at or made.time != deadline or made.clock is not clock or made.exact != exact:
-            made = self._made = _new_tuple(Trigger, (at, deadline, clock, exact))
-        return made
+        return Trigger(first, self._last_time + self.every_secs, self._clock, exact)
 
     def get_state(self) -> dict[str, int | float | None]:
         """The last action's step and, for seconds, how long ago it was."""

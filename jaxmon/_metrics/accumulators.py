@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._base.hook import Hook
-from jaxmon._base.triggers import Every
 from jaxmon._metrics.reductions import Reduction
 from jaxmon._run.batches import one_step
 from jaxmon._run.host import to_host
@@ -76,24 +75,6 @@ class _Layout:
         return mask
 
 
-#: The hook classes marked by `windows_on_timer`.
-_ON_TIMER: set[type] = set()
-
-
-def windows_on_timer(cls: type) -> type:
-    """Marks a hook class that reads its accumulators on exactly the steps its timer
-    (`self.timer`, an `Every`) is due, and on no others, with `next_trigger` its timer's.
-    In a session of one step per run, a step-based timer then tells ahead where its
-    windows end (the session calls the hook only on the steps `Every.next_trigger` gives:
-    N, 2N, ..., and 1 with `first`): they restart inside the step after each of those
-    steps (see `Accumulators.update`), and its reads need no program of their own. A
-    subclass is not marked: it may read on other steps. A run resumed at one of those
-    steps with a window its hook did not read there (its period changed) restarts at the
-    reads instead (`start`)."""
-    _ON_TIMER.add(cls)
-    return cls
-
-
 class Accumulators:
     """The accumulators of a session's hooks: built on the first run from the shapes of
     the values, updated inside every compiled step (`update`, traced), carried between
@@ -103,11 +84,9 @@ class Accumulators:
       hooks: the session's hooks; those with `accumulators` take part.
       on_read: `on_read(step, [(hook, values)])`, called once per read with the values
         of every hook that has accumulators (for `Hook.after_read`).
-      one_step_runs: every run is one step (`steps_per_dispatch=1`): a hook that reads
-        on its step timer (`windows_on_timer`) reads on exactly its steps.
     """
 
-    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None], one_step_runs: bool = False):
+    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None]):
         self._entries: list[tuple[Any, str, Reduction]] = []
         for hook in hooks:
             accumulators = hook.accumulators
@@ -128,7 +107,6 @@ class Accumulators:
         self._on_read = on_read
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
-        self._restarts: dict[int, tuple[Sequence, np.ndarray | None, Any]] = {}  # by readers: (them, mask, program)
         self._sharding: Any = None
         self._copy_ahead = False  # the carry is on an accelerator: a read starts its copy to the host at once
         #: The carry the next run starts from; None before the first run after `start`.
@@ -137,11 +115,6 @@ class Accumulators:
         self._last_read: Read | None = None
         self._saved: np.ndarray | None = None
         self.guards = any(type(r).accept is not Reduction.accept for _, _, r in self._entries)
-        # Each entry's `(every_steps, first)` where its window restarts in the step after its
-        # hook's timer is due (no restart program at the read), else None. One process only:
-        # the others declare the chief's accumulators in a hook of their own (`_training`).
-        in_step = one_step_runs and jax.process_count() == 1
-        self._windows = [_window(hook, reduction) if in_step else None for hook, _, reduction in self._entries]
 
     def start(self, step: int, saved: Mapping[str, Any] | None = None) -> None:
         """A state was created or restored at `step`: every accumulator starts afresh,
@@ -154,14 +127,6 @@ class Accumulators:
         elif saved:
             logger.warning("The checkpoint of step %d holds the windows of other reductions (%s); the hooks' "
                            "windows start afresh at step %d.", step, ", ".join(saved.get("entries", ())), step)
-        unread = sorted({repr(hook) for (hook, _, _), window in zip(self._entries, self._windows, strict=True)
-                         if window is not None and _due(step, *window) and self._since[id(hook)] < step})
-        if unread and self._layout is None:  # a window its hook did not read at `step`, where the step would
-            # restart it (a resumed run whose period changed): restarts at the reads, for this session
-            self._windows = [None] * len(self._entries)
-        elif unread:
-            logger.warning("The windows of %s were not read at step %d, where they restart: the steps before it "
-                           "are not in their next values.", ", ".join(unread), step)
 
     def get_state(self, step: int) -> dict[str, Any] | None:
         """The open windows after the run that ended at `step` (JSON, for its
@@ -174,19 +139,11 @@ class Accumulators:
         else:
             self.read_now(step)
             read = self._last_read
-            restarts = self._windows_ending(step) if read.mask is None else read.mask | self._windows_ending(step)
-            host = np.where(restarts, self._fresh(), read.host_carry)
+            host = read.host_carry if read.mask is None else np.where(read.mask, self._fresh(), read.host_carry)
         if host is None:
             return None
         return {"entries": self._signature(), "carry": host.tolist(),
                 "since": [self._since[id(hook)] for hook in self._hooks]}
-
-    def _windows_ending(self, step: int) -> np.ndarray:
-        """The slots of the windows that restart in the step after `step` (see `update`):
-        a checkpoint holds them restarted, as a session that resumes with other runs
-        (several steps each, no restart there) needs them."""
-        return self._layout.restart_mask(i + 1 for i, window in enumerate(self._windows)
-                                         if window is not None and _due(step, *window))
 
     def _signature(self) -> list[str]:
         return [f"{type(hook).__name__}.{name}={reduction!r}" for hook, name, reduction in self._entries]
@@ -223,8 +180,6 @@ class Accumulators:
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
         """One step's update (traced): the new carry, and the state to keep."""
         step, *accs = self._layout.unpack(carry)
-        accs = [acc if window is None else _restarted_after(step, window, acc, init)
-                for acc, init, window in zip(accs, self._inits, self._windows, strict=True)]
         step = step + 1
         accs = [reduction.update(acc, reduction.value(new_state, batch, outputs), step)
                 for (_, _, reduction), acc in zip(self._entries, accs, strict=True)]
@@ -248,12 +203,7 @@ class Accumulators:
 
     def _read(self, step: int, readers: Sequence[Any]) -> Read:
         carry = self.carry
-        restart = self._restarts.get(id(readers))  # the runner gives the same readers the same tuple
-        if restart is None or restart[0] is not readers:
-            if len(self._restarts) >= 64:
-                self._restarts.clear()
-            restart = self._restarts[id(readers)] = (readers, *self._restart_of(readers))
-        _, mask, program = restart
+        mask, program = self._restart_of(readers)
         read = self._last_read = Read(self, step, carry, mask, dict(self._since))
         if self._copy_ahead:  # behind the run on the device: done by the time the next run reads it
             (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
@@ -275,7 +225,7 @@ class Accumulators:
         """The slots that a read by `readers` starts afresh (None: none), and the program
         that does it (one per set of slots)."""
         indices = [i + 1 for i, (hook, _, reduction) in enumerate(self._entries)
-                   if reduction.restarts and self._windows[i] is None and any(hook is r for r in readers)]
+                   if reduction.restarts and any(hook is r for r in readers)]
         if not indices:
             return None, None
         mask = self._layout.restart_mask(indices)
@@ -339,25 +289,3 @@ class Read:
 def _read(carry: jax.Array) -> np.ndarray:
     """The carry on the host (one array: read as it is, the common case)."""
     return np.asarray(carry) if carry.is_fully_addressable else to_host(carry)
-
-
-def _window(hook: Any, reduction: Reduction) -> tuple[int, bool] | None:
-    """`(every_steps, first)` of `hook`'s timer, where the windows of its `reduction`
-    restart in the step (`windows_on_timer`), else None."""
-    timer = getattr(hook, "timer", None)
-    if reduction.restarts and type(hook) in _ON_TIMER and isinstance(timer, Every) and timer.every_steps:
-        return timer.every_steps, timer.first
-    return None
-
-
-def _due(step: Any, every: int, first: bool) -> Any:
-    """Whether a timer of `every` steps (and after step 1 with `first`) is due at `step`,
-    as its hook sees it in a session of one step per run (traced or not)."""
-    due = step % every == 0
-    return due | (step == 1) if first else due
-
-
-def _restarted_after(step: jax.Array, window: tuple[int, bool], acc: Any, init: Any) -> Any:
-    """`acc` started afresh (`init`) where its hook read after `step` (traced)."""
-    due = _due(step, *window)
-    return jax.tree.map(lambda a, fresh: jnp.where(due, jnp.asarray(fresh, a.dtype), a), acc, init)

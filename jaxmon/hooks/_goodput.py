@@ -12,7 +12,7 @@ from typing import Any
 from jaxmon._base.errors import check_number, check_on_error
 from jaxmon._base.hook import RunContext, RunValues
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
 from jaxmon._ops.time_spent import CATEGORIES, FILE, breakdown, read_record, write_record
 from jaxmon._writers.slot import WriterSlot
 from jaxmon.hooks._timed import TimedHook
@@ -90,14 +90,14 @@ class GoodputHook(TimedHook):
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         self._last_step = values.step
-        if self.timer.take(values.step) is not None:
+        if self.timer.due(values.step):
             self._write(values.step)
 
     def close(self) -> None:  # after every hook's `end` (the last save's wait included), also after an error
         try:
             if self._session is not None and self._slot.writer is not None:
                 self._last_step = self._session.step
-                _off_loop.wait()  # the earlier reports first
+                report_thread.wait()  # the earlier reports first
                 self._report(*self._figures(self._session.step, last=True))  # on disk before the process may end
         except Exception as error:
             logger.warning("GoodputHook: writing the last breakdown failed: %r", error)
@@ -133,12 +133,12 @@ class GoodputHook(TimedHook):
         return sum(spent[k] for k in _STEP_TIME) / steps if steps > 0 else 0.0
 
     def _write(self, step: int) -> None:
-        """The breakdown of `step` written on the report thread (see `_off_loop`): the loop
+        """The breakdown of `step` written on the report thread (see `report_thread`): the loop
         only takes the figures."""
         summarized, clocks, record = self._figures(step)
-        _off_loop.submit_for(self, self._report, summarized, clocks, record)
+        report_thread.submit_for(self, self._report, summarized, clocks, record)
         if record is not None:  # what a killed process leaves to the next one: handed over now
-            _off_loop.flush()
+            report_thread.flush()
 
     def _figures(self, step: int, last: bool = False) -> tuple[int | None, tuple, dict[str, Any] | None]:
         """What `_report` writes after `step`: the step of its summaries (None: written

@@ -14,9 +14,8 @@ import numpy as np
 from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon._metrics.accumulators import windows_on_timer
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce, of_last_step
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
 from jaxmon._run import fetches as _fetches
 from jaxmon.hooks._timed import TimedHook
 
@@ -46,7 +45,6 @@ def show_info_logs() -> None:
         logger.propagate = False
 
 
-@windows_on_timer  # it reads at each of its triggers, and only there
 class LoggingHook(TimedHook):
     """Logs fetched values every N steps or seconds, and/or at the end (TF's
     `LoggingTensorHook`), under the `jaxmon` logger at INFO.
@@ -115,8 +113,6 @@ class LoggingHook(TimedHook):
         self._read = {tag: spec for tag, spec in self._fetches.items() if tag not in given}
         self._reductions = given
         self.on_error = check_on_error("LoggingHook", on_error)
-        self._run_args = RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators))  # one object
-        # every trigger: the session reuses what it made of it
         self._start: int | None = None
         self._elapsed: dict[int, float | None] = {}
 
@@ -133,14 +129,13 @@ class LoggingHook(TimedHook):
         return self.timer.next_trigger(step)
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        since = self.timer.take(ctx.step + ctx.steps)  # the run's next step
-        if since is None:
+        if not self.timer.should_trigger_for_step(ctx.next_step):
             return None
-        elapsed = since[0]
+        elapsed = self.timer.update_last_triggered_step(ctx.next_step)[0]
         self._elapsed[ctx.step], self._timed = elapsed if self._timed else None, True  # the first line: no timing
-        return self._run_args
+        return RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators))
 
-    @_off_loop.reports  # on the report thread: the loop only queues it
+    @report_thread.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
             return

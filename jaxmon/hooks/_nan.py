@@ -20,9 +20,6 @@ from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
-_READ = RunArgs(read=True, late=True)  # one object every trigger: the session reuses what it made of it
-
-
 class NanHook(TimedHook):
     """Stops training when the loss is NaN or infinite (TF's `NanTensorHook`), or rolls
     back to the newest checkpoint past the batches that caused it.
@@ -121,7 +118,7 @@ class NanHook(TimedHook):
         return self.timer.next_trigger(step, exact=False)  # a read a few steps later is as good
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        return None if self.timer.take(ctx.step + ctx.steps) is None else _READ  # the run's next step
+        return RunArgs(read=True, late=True) if self.timer.due(ctx.next_step) else None
 
     def after_read(self, step: int, values: dict[str, Any]) -> None:
         first = values["first"]

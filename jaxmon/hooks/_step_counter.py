@@ -14,7 +14,7 @@ import numpy as np
 from jaxmon._base.errors import check_int, check_on_error
 from jaxmon._base.hook import RunContext, RunValues
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
 from jaxmon.hooks._timed import TimedHook
@@ -88,16 +88,15 @@ class StepCounterHook(TimedHook):
             self._warnings += 1
             logger.warning("It seems that the global step has not been increased: it went from %d to %d. "
                            "Rates skip such runs.", last, step)
-        since = self.timer.take(step)
-        if since is None:
+        if not self.timer.should_trigger_for_step(step):
             return
-        elapsed_secs, elapsed_steps = since
+        elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
         if not elapsed_secs or elapsed_steps <= 0:
             return
-        _off_loop.submit_for(self, self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)
+        report_thread.submit_for(self, self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)
 
     def _report(self, step: int, rate: float, batch: Any) -> None:
-        """The rate's log line and summaries, on the report thread (see `_off_loop`)."""
+        """The rate's log line and summaries, on the report thread (see `report_thread`)."""
         scalars = {self.tag: rate}
         batch_size = self.batch_size or _batch_size(batch)
         if batch_size:

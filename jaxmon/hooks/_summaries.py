@@ -15,9 +15,8 @@ from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.paths import by_path
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon._metrics.accumulators import windows_on_timer
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
 from jaxmon._run import fetches as _fetches
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._timed import TimedHook
@@ -49,7 +48,6 @@ class Text:
 _KINDS = {Histogram: "histograms", Image: "images", Text: "texts"}
 
 
-@windows_on_timer  # it reads at each of its triggers, and only there
 class SummarySaverHook(TimedHook):
     """Writes summaries every N steps or seconds: every scalar output of the step, plus
     the extra summaries asked for (TF's `SummarySaverHook`).
@@ -113,8 +111,6 @@ class SummarySaverHook(TimedHook):
         if accumulators:
             self.accumulators = accumulators
         self.on_error = check_on_error("SummarySaverHook", on_error)
-        self._run_args = RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))  # one
-        # object every trigger: the session reuses what it made of it
 
     def next_trigger(self, step: int) -> Trigger | None:
         return self.timer.next_trigger(step)
@@ -132,11 +128,11 @@ class SummarySaverHook(TimedHook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
-        if self.timer.take(ctx.step + ctx.steps) is None:  # the run's next step
+        if not self.timer.due(ctx.next_step):
             return None
-        return self._run_args
+        return RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))
 
-    @_off_loop.reports  # on the report thread: the loop only queues it
+    @report_thread.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if values.results is None:
             return
