@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -38,6 +38,7 @@ from jaxmon._base.paths import open_fd
 from jaxmon._checkpoints import integrity as _integrity
 from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
 from jaxmon._checkpoints.step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name
+from jaxmon._ops import failures
 
 logger = logging.getLogger("jaxmon")
 
@@ -184,7 +185,9 @@ class Checkpoints:
             self._failure = self._save_error(error)
             raise self._failure from error
         if self._async:
-            self._pending = _Pending(self._manager.wait_until_finished, step, lambda: FAILED_SAVES.add(self))
+            box = failures.current()  # the session saving: it raises a failure found in the background
+            self._pending = _Pending(self._manager.wait_until_finished, step,
+                                     lambda: box is not None and box.add(self._raise_found))
         elif self._sealed and jax.process_index() == 0:  # committed already
             _integrity.seal_step(self.directory, step)
 
@@ -211,6 +214,19 @@ class Checkpoints:
         return self._failure is not None or (pending is not None and pending.done.is_set()
                                              and pending.error is not None)
 
+    def _raise_found(self, step: int) -> None:
+        """Raises the `SaveError` of the save that failed in the background, noted with the
+        session's `step` (training stopped there); nothing where it was raised already (by
+        a later save, `wait` or `close`). The session asks after each run's step."""
+        if self._failure is not None or not self.failed():
+            return
+        try:
+            self.wait()
+        except SaveError as error:
+            error.stopped_at = step
+            error.add_note(f"(found after step {step}: training stopped there)")
+            raise
+
     def raise_failure(self) -> None:
         """Raises the error of an earlier save that failed in the background."""
         if self._failure is not None:
@@ -223,7 +239,6 @@ class Checkpoints:
 
     def _save_error(self, error: BaseException, step: int | None = None) -> SaveError:
         """One error that says which save failed, where and why (Orbax's error as its cause)."""
-        FAILED_SAVES.discard(self)
         if not isinstance(error, Exception):  # only a waiting thread hands over any BaseException
             error = RuntimeError(repr(error))
         step = self._saving if step is None else step
@@ -246,7 +261,6 @@ class Checkpoints:
         self._close_now()
 
     def _close_now(self) -> None:
-        FAILED_SAVES.discard(self)
         try:
             if self._failure is None:
                 self._manager.close()  # waits for a save in flight
@@ -337,8 +351,8 @@ def _quiet_stderr(directory: str):
 
 class _Pending:
     """A save being written in the background: a thread waits for it (`wait`) and keeps
-    its error, which the loop sees at its next run (`raise_failed_save`), not at the
-    next save; `failed()` is called from that thread when the save failed."""
+    its error, which the session sees after its next run (`Checkpoints._raise_found`), not
+    at the next save; `failed()` is called from that thread when the save failed."""
 
     def __init__(self, wait: Callable[[], None], step: int, failed: Callable[[], None]):
         self.step, self.error, self.done = step, None, threading.Event()
@@ -352,36 +366,6 @@ class _Pending:
             failed()
         finally:
             self.done.set()
-
-
-#: The writers whose save failed in the background, until the failure is raised or they close
-#: (the session looks here before each run, and calls `raise_failed_save` only when it is not empty).
-FAILED_SAVES: set[Checkpoints] = set()
-
-
-def raise_failed_save(hooks: Iterable[Any], step: int) -> None:
-    """Raises the `SaveError` of a checkpoint save that failed in the background, in a
-    directory one of `hooks` writes (its `checkpoint_dir`), once the failure is known;
-    the session asks before every run, so that a full disk stops training at once, not
-    at the next save. Never waits: one look at a set when no save failed.
-
-    Args:
-      hooks: the session's hooks.
-      step: the session's step, noted on the error (training stopped there).
-    """
-    if not FAILED_SAVES:
-        return
-    written = {os.path.abspath(os.fspath(directory)) for hook in hooks
-               if isinstance(directory := getattr(hook, "checkpoint_dir", None), (str, os.PathLike))}
-    for checkpoints in list(FAILED_SAVES):
-        if checkpoints.directory in written and checkpoints.failed():
-            try:
-                checkpoints.wait()
-            except SaveError as error:
-                if getattr(error, "stopped_at", None) is None:
-                    error.stopped_at = step
-                    error.add_note(f"(found after step {step}: training stopped there)")
-                raise
 
 
 class DirectoryInUseError(RuntimeError):

@@ -10,10 +10,10 @@ growing memory). `wait()` returns once everything submitted before it is done: a
 session's `sync()`, every checkpoint (through `flush_all`) and `close()` call it, so that
 a checkpoint's steps are reported on disk when it is complete.
 
-A failure of work queued here is kept in `FAILED` and raised on the loop after its next
-run's step (`raise_failed`), or by `sync()`; a writer keeps its own (see
-`BackgroundWriter`), and the hook runner (and `submit_for`, for a hook's own reports)
-applies the hook's `on_error`.
+A failure of work queued here goes to the box of the session that queued it
+(`failures.current()` when it was submitted), which raises it on the loop after its next
+run's step, or by `sync()`; the hook runner (and `submit_for`, for a hook's own reports)
+applies the hook's `on_error` first.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from jaxmon._ops import failures
+
 logger = logging.getLogger("jaxmon")
 
 #: The most pieces of work submitted before `submit` hands them over, and the most lists of
 #: them (a run's reports each) queued before `flush` waits for the thread.
 MAX_QUEUED = 1000
 
-#: The failures of work on the report thread, until the loop raises them (`raise_failed`).
-FAILED: list[BaseException] = []
-
-_queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args); a put wakes the thread
-_pending: list[tuple[Callable[..., Any], tuple]] = []  # submitted since the last `flush`
+_queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args, box); a put wakes the thread
+_pending: list[tuple[Callable[..., Any], tuple, Any]] = []  # submitted since the last `flush`
 _thread: threading.Thread | None = None
 _ident: int | None = None  # the thread's
 _lock = threading.Lock()
@@ -48,7 +47,7 @@ def submit(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
         return
     with _lock:
-        _pending.append((fn, args))
+        _pending.append((fn, args, failures.current()))
         full = len(_pending) >= MAX_QUEUED
     if full:
         flush()
@@ -65,7 +64,7 @@ def _under_policy(hook: Any, fn: Callable[..., Any], args: tuple) -> None:
         fn(*args)
     except Exception as error:
         if hook.on_error != "warn":
-            raise  # into FAILED: raised on the loop
+            raise  # into the session's failures: raised on the loop
         logger.warning("%r failed to report on the report thread (on_error='warn'): %r", hook, error)
 
 
@@ -92,25 +91,8 @@ def wait() -> None:
     flush()
     if _thread is not None:
         done = threading.Event()
-        _queue.put([(done.set, ())])
+        _queue.put([(done.set, (), None)])
         done.wait()
-
-
-def raise_failed() -> None:
-    """Raises the first failure of work on the report thread (and forgets the rest)."""
-    if FAILED:
-        error = FAILED[0]
-        FAILED.clear()
-        raise error
-
-
-def forget_failed() -> None:
-    """Logs and forgets the failures on the report thread that no session raised (work of
-    a session that has ended), so that a new session does not raise them."""
-    wait()
-    for error in FAILED:
-        logger.warning("A report of an earlier session failed after it ended: %r", error)
-    FAILED.clear()
 
 
 def reports(after_run: Callable[..., None]) -> Callable[..., None]:
@@ -130,11 +112,15 @@ def _work() -> None:
     global _ident
     _ident = threading.get_ident()
     while True:
-        for fn, args in _queue.get():
+        for fn, args, box in _queue.get():
             try:
-                fn(*args)
+                if box is None:
+                    fn(*args)
+                else:
+                    with box:  # what fails inside it (a writer's write) goes there too
+                        fn(*args)
             except BaseException as error:  # noqa: BLE001 - raised on the loop; the thread goes on
-                FAILED.append(error)
+                failures.report(box, error, "A report")
 
 
 def _forget_thread() -> None:

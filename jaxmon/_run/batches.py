@@ -238,7 +238,7 @@ def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
 
 def pad_run(batch: Any, steps: int, size: int) -> Any:
     """A run of `steps` steps (`batch` as `as_run` gives it) as a batch of `size` steps
-    for a program that takes only the first `steps` (see `CompiledStep.run_size`): the
+    for a program that takes only the first `steps` (see `CompiledStep.program_steps`): the
     last step's batch repeated, as a list on the device, stacked on the host."""
     if isinstance(batch, list) and steps > 1:
         return batch + [batch[-1]] * (size - steps)

@@ -108,7 +108,7 @@ class CompiledStep:
     steps is unrolled ("auto": see `_scan_unroll.resolve_scan_unroll`, decided at the
     first call by the platform of the state's devices and whether the step convolves).
     Where `_scan_unroll.dynamic_length` says so, one program per key takes every run of
-    up to the longest length instead: its batch padded to that length (`run_size`), the
+    up to the longest length instead: its batch padded to that length (`program_steps`), the
     run's own length an argument of its loop.
     """
 
@@ -124,7 +124,7 @@ class CompiledStep:
         self._traces: list[int] = []  # one entry per trace (list.append is atomic across threads)
         self.lengths = tuple(lengths)
         self._most = max(self.lengths)
-        self._dynamic: bool | None = None  # one program for every run length (`run_size`), once known
+        self._dynamic: bool | None = None  # one program for every run length (`program_steps`), once known
         self._ahead: dict[tuple, concurrent.futures.Future] = {}  # (key, length) compiling in the background
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._first_batch: dict[str, str] | None = None  # {path: "dtype[shape]"} of the first traced batch
@@ -143,7 +143,7 @@ class CompiledStep:
     def constrained(self) -> bool:
         return self._state_constraint is not None
 
-    def run_size(self, state: Any, length: int) -> int:
+    def program_steps(self, state: Any, length: int) -> int:
         """The leading axis of the batch a run of `length` steps is called with: the
         longest run length for every run up to it when one program takes them all (the
         batch padded, see `_batches.pad_run`), else `length`."""
@@ -159,12 +159,12 @@ class CompiledStep:
         keeps the state on its shardings with it); before the first call."""
         self._state_constraint = constraint
 
-    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, owners: Mapping[FetchSpec, object],
-                 length: int = 1, carry: Any = None, unfed: Any = None, step: int = 0, listed: bool | None = None,
-                 steps: int | None = None):
-        """One dispatch after `step`: one step, or with `length` > 1 that many steps
+    def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, *, owners: Mapping[FetchSpec, object],
+                 program_steps: int = 1, steps: int | None = None, carry: Any = None, unfed: Any = None,
+                 step: int = 0, listed: bool | None = None):
+        """One dispatch after `step`: one step, or with `program_steps` > 1 that many steps
         scanned over the leading axis of `batch` (outputs and fetches of the last
-        step); `steps` of them only, where `run_size` padded the batch to `length`.
+        step); the run's `steps` of them only, where `program_steps` padded the batch.
         With `accumulate`, `carry` is the accumulators before the run; the call then
         returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
         without the hooks' feeds (the batch of a run without hooks), when they differ.
@@ -172,14 +172,14 @@ class CompiledStep:
         `as_run`), for the programs compiled ahead; None: as `batch` shows (not so
         for batches a sharded session placed on its mesh)."""
         self._step = step
-        variant = self._variants.get((key, length))
+        variant = self._variants.get((key, program_steps))
         arguments = (state, batch, carry) if steps is None or not self._dynamic else (
             state, batch, carry, np.int32(steps))
         if variant is not None:
-            ahead = self._ahead.get((key, length))
+            ahead = self._ahead.get((key, program_steps))
             if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
-                return self._step_by_step(key, state, batch, length, carry)  # while its program compiles
-            if self._ahead.pop((key, length), None) is not None:
+                return self._step_by_step(key, state, batch, program_steps, carry)  # while its program compiles
+            if self._ahead.pop((key, program_steps), None) is not None:
                 ahead.result()  # the rest of its compilation, if the background is not done yet
             try:
                 return variant(*arguments)
@@ -188,22 +188,22 @@ class CompiledStep:
                 raise
         check_batch(batch, step + 1)
         if self._convolves is None:  # the first call: what "auto" does depends on the devices and the step
-            self.run_size(state, length)
+            self.program_steps(state, program_steps)
             self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
-                               and convolves(self.traced_step_fn, abstract(state), one_step(batch, length)))
-        variant = self._variant(key, owners, length)
+                               and convolves(self.traced_step_fn, abstract(state), one_step(batch, program_steps)))
+        variant = self._variant(key, owners, program_steps)
         ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
         started = time.perf_counter()
         result = variant(*arguments)
         took = time.perf_counter() - started
         self._spent["compile"] += took
         compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
-                         "up to "[:len(arguments) == 4 and 6], length, "s"[:length != 1], len(key),
+                         "up to "[:len(arguments) == 4 and 6], program_steps, "s"[:program_steps != 1], len(key),
                          "s"[:len(key) != 1], took)
         if ahead:
-            self._compile_ahead(key, owners, ahead, batch, length, listed)
+            self._compile_ahead(key, owners, ahead, batch, program_steps, listed)
             if key:
-                self._compile_ahead((), {}, ahead, batch if unfed is None else unfed, length, listed)
+                self._compile_ahead((), {}, ahead, batch if unfed is None else unfed, program_steps, listed)
         return result
 
     def _ready(self, key: tuple[FetchSpec, ...], length: int) -> bool:

@@ -11,17 +11,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon._base import errors as _errors
+from jaxmon._base import errors
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._run import fetches as _fetches
 from jaxmon._run import sharding as _sharding
 from jaxmon._run.batches import on_device, pad_run
 from jaxmon._run.compiled_step import CompiledStep
-from jaxmon._run.plan import RunPlan, RunResult
+from jaxmon._run.plan import CALLER, RunPlan, RunResult
 
-NOTHING_FETCHED = _fetches.FetchPlan([("run(fetches=...)", None)])
-_new_tuple = tuple.__new__
+NOTHING_FETCHED = _fetches.FetchPlan([(CALLER, None)])
 
 
 class Dispatch:
@@ -47,7 +46,7 @@ class Dispatch:
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
-            _errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
+            errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
         lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
         self._accumulators = accumulators if accumulators is not None and accumulators.active else None
         self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
@@ -57,7 +56,6 @@ class Dispatch:
         self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
-        self._plans: dict[int, tuple[tuple, _fetches.FetchPlan]] = {}  # by the id of the plan's calls
         self._last_batch, self._last_index = None, None
         #: The last run's outputs (device arrays); empty before the first run.
         self.last_outputs: Mapping[str, Any] = {}
@@ -80,58 +78,49 @@ class Dispatch:
         """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
         `plan` merged into `batch` and every fetch of `plan` and the caller's
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
-        fed, fetches, fetching, kept = batch, NOTHING_FETCHED, (), False
-        if wanted is not None or plan.fetching or plan.feeds:  # most runs ask nothing
-            # The plans of the hooks' own fetches are kept by the plan's calls (the runner gives
-            # the same calls to hooks that ask the same again: `HookRunner._plan`).
-            kept = None if wanted is not None else self._plans.get(id(plan.calls))
-            fetching = plan.fetching
-            if kept is not None and kept[0] is plan.calls:  # the hooks' fetches as a run before
-                fetches, kept = kept[1], True
-            else:
-                fetches, kept = _new_fetch_plan(plan, wanted, self._plans), False
-            if plan.feeds:
-                fed = _with_feeds(batch, plan.feeds, length)
-        size = 1 if self._single else self._compiled.run_size(state, length)
-        if size != length:  # one program takes every run length: the batch padded to its length
-            padded = pad_run(batch, length, size)
-            fed, batch = padded if fed is batch else pad_run(fed, length, size), padded
+        fed, fetches = batch, NOTHING_FETCHED
+        if wanted is not None or plan.fetching:  # most runs fetch nothing
+            fetches = plan.fetch_plan(wanted)
+        if plan.feeds:
+            fed = _with_feeds(batch, plan.feeds, length)
+        program_steps = 1 if self._single else self._compiled.program_steps(state, length)
+        if program_steps != length:  # one program takes every run length: the batch padded to its length
+            padded = pad_run(batch, length, program_steps)
+            fed, batch = padded if fed is batch else pad_run(fed, length, program_steps), padded
         listed = None
         if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
-            listed = len(self._compiled.lengths) > 1 and (isinstance(batch, list) if size > 1 else on_device(batch))
+            listed = len(self._compiled.lengths) > 1 and (
+                isinstance(batch, list) if program_steps > 1 else on_device(batch))
             unfed = fed is batch
-            fed = self._placement.place_batch(fed, size)
+            fed = self._placement.place_batch(fed, program_steps)
             batch = fed if unfed else batch
-        accumulators = self._accumulators
+        accumulators, carry = self._accumulators, None
+        if accumulators is not None:
+            carry = accumulators.carry
+            if carry is None:  # the first run since the state was created
+                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, program_steps, step,
+                                             _carry_sharding(state, self._placement))
         try:
-            if accumulators is None:
-                new_state, outputs, fetched = self._compiled(fetches.key, state, fed, fetches.owners, size,
-                                                             unfed=batch, step=step, listed=listed, steps=length)
-            else:
-                carry = accumulators.carry
-                if carry is None:  # the first run since the state was created
-                    carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, size, step,
-                                                 _carry_sharding(state, self._placement))
-                new_state, outputs, fetched, carry = self._compiled(fetches.key, state, fed, fetches.owners, size,
-                                                                    carry, batch, step, listed, length)
-                accumulators.carry = carry  # what the next run starts from
+            result = self._compiled(fetches.key, state, fed, owners=fetches.owners, program_steps=program_steps,
+                                    steps=length, carry=carry, unfed=batch, step=step, listed=listed)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)
                 if note is not None:
                     error.add_note(note)
             raise
+        if accumulators is None:
+            new_state, outputs, fetched = result
+        else:
+            new_state, outputs, fetched, accumulators.carry = result  # the carry the next run starts from
         if self.max_dispatch_ahead is not None:
             self._bound(new_state, outputs, step)
-        self._last_batch, self.last_outputs, self._last_index = fed, outputs, length - 1 if size > 1 else None
+        self._last_batch, self.last_outputs = fed, outputs
+        self._last_index = length - 1 if program_steps > 1 else None
         if fetches is NOTHING_FETCHED:
-            return _new_tuple(RunResult, (new_state, outputs, None, ()))  # RunResult(new_state, outputs), faster
-        if kept:  # the hooks' fetches as a run before (their names checked then): routed where they are read
-            return _new_tuple(RunResult, (new_state, outputs, None, _fetches.Routed(fetches, outputs, fetched,
-                                                                                   fetching, len(plan.calls))))
-        caller, *values = fetches.route(outputs, fetched)  # now: a name that is no output raises on this run
-        results = tuple(_fetches.by_call(values, fetching, len(plan.calls))) if fetching else ()
-        return _new_tuple(RunResult, (new_state, outputs, caller, results))
+            return RunResult(new_state, outputs)
+        caller, *values = fetches.route(outputs, fetched)  # a name that is no output raises on this run
+        return RunResult(new_state, outputs, caller, _by_call(values, plan) if plan.fetching else ())
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that
@@ -169,19 +158,13 @@ def _carry_sharding(state: Any, placement: _sharding.Placement | None) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
-def _new_fetch_plan(plan: RunPlan, wanted: _fetches.Wanted | None,
-                    plans: dict[int, tuple[tuple, _fetches.FetchPlan]]) -> _fetches.FetchPlan:
-    """The run's fetch plan (the caller's first, then each fetching call's), made anew;
-    kept in `plans`, by the plan's calls, when the caller fetches nothing."""
-    if not plan.fetching and wanted is None:
-        return NOTHING_FETCHED
-    fetches = _fetches.FetchPlan([("run(fetches=...)", wanted),
-                                  *[(plan.calls[i].hook, plan.calls[i].fetches) for i in plan.fetching]])
-    if wanted is None:
-        if len(plans) >= 64:  # hooks that ask anew every time
-            plans.clear()
-        plans[id(plan.calls)] = plan.calls, fetches
-    return fetches
+def _by_call(values: list[Any], plan: RunPlan) -> tuple[Any, ...]:
+    """The hooks' fetched `values` (those of the calls numbered `plan.fetching`), each at
+    its call's place in `plan.calls`; None for the calls that fetch nothing."""
+    placed = [None] * len(plan.calls)
+    for at, value in zip(plan.fetching, values, strict=True):
+        placed[at] = value
+    return tuple(placed)
 
 
 def _with_feeds(batch: Any, feeds: tuple[tuple[Hook, Mapping[str, Any]], ...], length: int) -> Any:

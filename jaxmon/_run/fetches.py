@@ -19,6 +19,12 @@ class Wanted(dict):
 
     shape: tuple[str, Any] | None = None
 
+    @property
+    def key(self) -> tuple:
+        """What was asked, as a hashable value: equal requests give equal keys."""
+        kind, names = self.shape or (None, None)
+        return tuple(self.items()), kind, tuple(names) if isinstance(names, list) else names
+
     def shaped(self, values: dict[str, Any]) -> Any:
         """`values` (by result name) in the structure asked."""
         if self.shape is None:
@@ -102,37 +108,6 @@ class FetchPlan:
             None if request is None else request.shaped({name: values[spec] for name, spec in request.items()})
             for _, request in self._requests
         ]
-
-
-class Routed(Sequence):
-    """One run's fetched values by the index of each call in its plan (None for a call
-    that fetched nothing), routed by `plan` (whose requests are the caller's, then
-    those of the calls numbered `fetching`) when first asked for: on the loop for the
-    calls made there, on the report thread for the calls that only report."""
-
-    def __init__(self, plan: FetchPlan, outputs: Mapping[str, Any], fetched: Sequence[Any],
-                 fetching: Sequence[int], size: int):
-        self._plan, self._outputs, self._fetched, self._fetching = plan, outputs, fetched, fetching
-        self._size, self._values = size, None
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __getitem__(self, i: int) -> Any:
-        if not 0 <= i < self._size:
-            raise IndexError(i)
-        if self._values is None:  # two threads may both route: the same values
-            self._values = by_call(self._plan.route(self._outputs, self._fetched)[1:], self._fetching, self._size)
-        return self._values[i]
-
-
-def by_call(values: Sequence[Any], fetching: Sequence[int], size: int) -> list[Any]:
-    """`values`, those of the calls numbered `fetching`, each at its call's place among
-    `size` calls; None for the others."""
-    placed = [None] * size
-    for at, value in zip(fetching, values, strict=True):
-        placed[at] = value
-    return placed
 
 
 def output(outputs: Mapping[str, Any], name: str, owner: object) -> Any:

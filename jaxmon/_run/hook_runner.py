@@ -1,8 +1,8 @@
 """The hook runner: calls every hook's events in list order under its error policy,
 sleeps hooks between their triggers, and delivers each run's values, late ones a run
-later (the hooks that only report them: on the report thread, `_off_loop`). A run's
+later (the hooks that only report them: on the report thread, `report_thread`). A run's
 requests are one immutable `RunPlan`; its values come back as one `RunResult` (see
-`_dispatch`)."""
+`dispatch`)."""
 
 from __future__ import annotations
 
@@ -12,82 +12,89 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from jaxmon._base import errors as _errors
+from jaxmon._base import errors
 from jaxmon._base.errors import NanLossDuringTrainingError
 from jaxmon._base.hook import Hook, RunArgs, RunContext, RunValues
-from jaxmon._base.schedule import schedule_of, steps_to
+from jaxmon._base.schedule import Schedule, schedule_of, steps_to
 from jaxmon._base.triggers import Trigger
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
+from jaxmon._ops.failures import Failures
 from jaxmon._ops.host_syncs import HostSyncError, HostSyncs
 from jaxmon._ops.time_spent import category_of
 from jaxmon._run.fetches import normalize
 from jaxmon._run.host import to_host
-from jaxmon._run.plan import NO_RESULTS, QUIET, Call, RunPlan, RunResult
-from jaxmon._writers import background
+from jaxmon._run.plan import QUIET, Call, RunPlan, RunResult
 
 logger = logging.getLogger("jaxmon")
 
 
 _AS_IS = contextlib.nullcontext()
-#: A hook's trigger when it must be called on the next run (asked again then).
+#: A hook's trigger when it must be asked again at the next run.
 _NOW = Trigger(step=0)
-_new_tuple = tuple.__new__
+#: The most plans kept (a hook that asks something new at every trigger would grow them).
+MAX_PLANS = 64
+
+
+class _Slot(NamedTuple):
+    """A hook as the runner calls it: its schedule, which of its run events do something,
+    and whether its late `after_run` only reports (on the report thread)."""
+
+    hook: Hook
+    schedule: Schedule
+    before: bool
+    after: bool
+    reports: bool
 
 
 class HookRunner:
     """Calls every hook's events in list order and applies each hook's `on_error`.
 
     A hook's `next_trigger` says until when it sleeps: a run that ends before every
-    hook's trigger calls no hook (`QUIET`). Runs whose hooks asked for late delivery
-    wait in a queue until the next run was dispatched (or until `deliver_late()`); there, the
-    `after_run`s that only report (`_off_loop.reports`) go to the report thread, whose failures
-    are raised after the next run's step (or by `sync()`).
+    hook's trigger calls no hook (`QUIET`). The same awake hooks asking the same give the
+    same `RunPlan`, made once (the one thing kept between trigger runs). Runs whose hooks
+    asked for late delivery wait in a queue until the next run was dispatched (or until
+    `deliver_late()`); there, the `after_run`s that only report (`report_thread.reports`)
+    go to the report thread, whose failures go to the session's `failures`.
 
     Args:
       hooks: the session's hooks.
       host_syncs: with `debug_host_syncs`, the guard the events of the hooks called on
         every run (no `next_trigger`) run under.
       spent: the session's seconds by category: each hook's events add to its own.
+      failures: the session's failures found off the loop (a report on the report thread).
     """
 
     def __init__(self, hooks: Iterable[Hook] | None, host_syncs: HostSyncs | None = None,
-                 spent: dict[str, float] | None = None):
+                 spent: dict[str, float] | None = None, failures: Failures | None = None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
-        # The session's seconds by category (`_goodput`), and the category of each hook's time.
+        self._failures = Failures() if failures is None else failures
+        # The session's seconds by category (`time_spent`), and the category of each hook's time.
         self._spent = spent
         self._categories = {} if spent is None else {id(hook): category_of(hook) for hook in self.hooks}
         self._timing = False  # an event is being timed
+        self._slots = [_Slot(hook, schedule_of(hook), _has(hook, "before_run"), _has(hook, "after_run"),
+                             report_thread.reports_off_loop(hook)) for hook in self.hooks]
+        self._sleepers = [i for i, slot in enumerate(self._slots) if slot.schedule.next is not None]
+        self._awake = any(slot.schedule.next is None and (slot.before or slot.after) for slot in self._slots)
+        # With debug_host_syncs: the hooks called on every run, and the words of their reads' errors.
         self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
-        # The hooks between their triggers on every run, and the words of their reads' errors (debug_host_syncs).
-        self._schedules = [schedule_of(hook) for hook in self.hooks]
         self._guarded = {} if self._syncs is None else {
-            id(hook): f"in {hook!r}, a hook called on every run (it has no next_trigger)"
-            for hook, schedule in zip(self.hooks, self._schedules, strict=True) if schedule.next is None}
-        # (hook, has a before_run, has an after_run, its `next_trigger` (None: called on every run), its plain
-        # `Call`, its late after_run only reports): a run calls no event that does nothing on it.
-        self._calls = [(hook, _has(hook, "before_run"), _has(hook, "after_run"), schedule.next, Call(hook),
-                        _off_loop.reports_off_loop(hook))
-                       for hook, schedule in zip(self.hooks, self._schedules, strict=True)]
-        self._wake = [_NOW] * len(self._calls)  # each hook's next trigger, as it last said
-        self._sleepers = [(i, ask) for i, (_, _, _, ask, _, _) in enumerate(self._calls) if ask is not None]
-        self._awake = any(ask is None and (before or after)  # a hook called on every run
-                          for _, before, after, ask, _, _ in self._calls)
-        self._made: list[tuple[RunArgs | None, Call | None]] = [(None, None)] * len(self._calls)  # each hook's last
-        self._plans: dict[tuple[int, ...], tuple[list[Call], RunPlan]] = {}  # by the ids of the awake hooks' calls
-        self._silent = {id(hook) for hook, _, after, _, _, _ in self._calls if not after}  # hooks with no after_run
+            id(slot.hook): f"in {slot.hook!r}, a hook called on every run (it has no next_trigger)"
+            for slot in self._slots if slot.schedule.next is None}
+        self._wake = [_NOW] * len(self._slots)  # each hook's next trigger, as it last said
+        self._plans: dict[tuple, RunPlan] = {}  # by what the awake hooks asked
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
         self._late: collections.deque = collections.deque()
-        self._failures: dict[int, int] = {}
+        self._failed: dict[int, int] = {}  # failures of each warn-policy hook, for the log
         # What hooks asked to do once every hook's current event is done (see `later`),
         # and the hook whose event is running; None outside events.
         self._later: list[tuple[Hook | None, Callable[[], Any]]] | None = None
         self._current: Hook | None = None
 
     def begin(self, step: int) -> None:
-        _off_loop.forget_failed()  # an earlier session's, never raised: logged, not raised in this one
         self._each("begin", step)
 
     def after_create_session(self, session: Any) -> None:
@@ -100,7 +107,7 @@ class HookRunner:
     def reschedule(self) -> None:
         """Asks every hook its next trigger again at the next run (after a restore, or
         once a preemption makes a saver due now)."""
-        self._wake, self._quiet_step = [_NOW] * len(self._calls), 0
+        self._wake, self._quiet_step = [_NOW] * len(self._slots), 0
 
     def _each(self, event: str, step: int, *args: Any) -> None:
         """Calls `event(*args)` of every hook in list order, under its error policy."""
@@ -150,10 +157,10 @@ class HookRunner:
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
         trigger is the one it last gave (its state changes only in its own events)."""
-        for i, schedule in enumerate(self._schedules):
+        for slot, trigger in zip(self._slots, self._wake, strict=True):
+            schedule = slot.schedule
             if schedule.cut is None:
                 continue
-            trigger = self._wake[i]
             steps = schedule.cut(step) if schedule.next is None or trigger.step <= step else steps_to(trigger, step)
             if steps is not None and steps < limit:
                 limit = steps
@@ -176,62 +183,65 @@ class HookRunner:
                     break
             else:
                 return QUIET
-        return self._plan(RunContext(step, session, _new_tuple(RunArgs, (fetches, batch, False, False)), False, length))
+        return self._plan(RunContext(step, session, RunArgs(fetches, batch), steps=length))
 
     def _plan(self, ctx: RunContext) -> RunPlan:
-        """The `before_run` of every hook awake for the run of `ctx`."""
-        step, next_step = ctx.step, ctx.step + ctx.steps
-        made, feeds, wake, kept = [], [], self._wake, self._made  # made: the awake hooks' `Call`s
-        last = None if self._spent is None or self._timing else time.perf_counter()  # `_start()`, inline: each
-        self._timing = self._timing or last is not None  # awake hook's time runs from the end of the one before
-        try:
-            for i, (hook, before, after, ask, plain, reports) in enumerate(self._calls):
-                if ask is not None:  # asleep: before its trigger's step and time
-                    trigger = wake[i]
-                    if trigger is _NOW:  # not asked since it was created, or it said "the next run": ask
-                        trigger = wake[i] = ask(step) or _NOW
-                    if next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time):
-                        continue  # nothing to do before its next trigger
-                args = None
-                if before:
-                    try:
-                        if self._guarded:
-                            with self._guard(hook):
-                                args = hook.before_run(ctx)
-                        else:  # the common case, without a context to enter
-                            args = hook.before_run(ctx)
-                        if args is not None and args is not kept[i][0]:
-                            args = _check_run_args(args, hook)
-                    except Exception as error:
-                        self.failed(hook, "before_run", step, error)  # a warn-policy hook sits out
-                        continue
-                    finally:
-                        if last is not None:  # inline: a trigger run times every awake hook
-                            now = time.perf_counter()
-                            self._spent[self._categories[id(hook)]] += now - last
-                            last = now
-                if args is None:
-                    if after:
-                        made.append(plain)
+        """The `before_run` of every hook awake for the run of `ctx`, as one plan: the one
+        made before for the same requests, with this run's context and feeds."""
+        calls, only_read, asked, feeds = [], [], [], []  # asked: what each awake hook asked, the plan's key
+        for i, slot in enumerate(self._slots):
+            if slot.schedule.next is not None and self._asleep(i, ctx):
+                continue
+            args = None
+            if slot.before:
+                try:
+                    args = self._before_run(slot, ctx)
+                except Exception as error:
+                    self.failed(slot.hook, "before_run", ctx.step, error)  # a warn-policy hook sits out
                     continue
-                if kept[i][0] is not args:  # a hook that returns the same `RunArgs` again gets the same `Call`
-                    kept[i] = (args, Call(hook, args.late, None if args.fetches is None else
-                                          normalize(args.fetches, hook), args.read, reports and args.late))
-                made.append(kept[i][1])
-                if args.feeds:
-                    feeds.append((hook, args.feeds))
-        finally:
-            if last is not None:
-                self._timing = False
-        if not made:
+            if args is None:
+                if slot.after:
+                    calls.append(Call(slot.hook))
+                    asked.append(i)
+                continue
+            fetches = None if args.fetches is None else normalize(args.fetches, slot.hook)
+            if fetches is None and not slot.after:  # nothing to call after the run: it feeds or reads
+                if args.read:
+                    only_read.append(slot.hook)
+            else:
+                calls.append(Call(slot.hook, args.late, fetches, args.read, slot.reports and args.late))
+            asked.append((i, args.late, None if fetches is None else fetches.key, args.read))
+            if args.feeds:
+                feeds.append((slot.hook, args.feeds))
+        if not asked:
             return RunPlan(ctx)
-        plans, key = self._plans, tuple(map(id, made))  # the same calls as a run before: the same plan
-        kept_plan = plans.get(key)
-        if kept_plan is None:
-            if len(plans) >= 64:  # hooks that ask anew every time
-                plans.clear()
-            kept_plan = plans[key] = (made, RunPlan.of(None, tuple(made), without=self._silent))  # made: ids held
-        return _new_tuple(RunPlan, (ctx, kept_plan[1].calls, tuple(feeds), *kept_plan[1][3:]))
+        key = tuple(asked)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = RunPlan.of(None, calls, only_read=only_read)
+        return plan._replace(ctx=ctx, feeds=tuple(feeds))
+
+    def _asleep(self, i: int, ctx: RunContext) -> bool:
+        """Whether the sleeping hook numbered `i` sleeps through the run of `ctx`: the run
+        ends before its trigger's step and its clock is before the trigger's time. A hook
+        is asked its trigger once after each run that called it (and when told to
+        `reschedule`), not again before the run it names."""
+        trigger = self._wake[i]
+        if trigger is _NOW:
+            trigger = self._wake[i] = self._slots[i].schedule.next(ctx.step) or _NOW
+        return ctx.next_step < trigger.step and (trigger.clock is None or trigger.clock() < trigger.time)
+
+    def _before_run(self, slot: _Slot, ctx: RunContext) -> RunArgs | None:
+        """`slot`'s hook's `before_run`, timed (and guarded), its answer checked."""
+        started = self._start()
+        try:
+            with self._guard(slot.hook):
+                args = slot.hook.before_run(ctx)
+            return None if args is None else _check_run_args(args, slot.hook)
+        finally:
+            self._took(slot.hook, started)
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
@@ -242,40 +252,34 @@ class HookRunner:
           plan: the run's plan.
           result: the run's result.
           step: the step number after the run.
-          read: the run's read of the accumulators (`_metrics.Read`), if any hook read.
+          read: the run's read of the accumulators (`accumulators.Read`), if any hook read.
         """
-        if background.FAILED or _off_loop.FAILED:  # a report failed: stop now (after the step:
-            self._raise_reported()  # with several processes, an error there is agreed by every one)
         if self._late:
             self.deliver_late()  # the previous run's: the device already has this one queued
         if plan is QUIET:
             return None
-        results = result.results  # a tuple, or values routed when asked for (`_fetches.Routed`: not asked its len)
-        if type(results) is tuple and not results:
-            results = NO_RESULTS
         if plan.late or plan.away or read:  # a read's `after_read`s are late too
-            self._late.append((plan, result.outputs, step, read, results))
-        caller, now, fetched = result.caller, plan.now, None
-        if caller is not None or (plan.fetch_now and results is not NO_RESULTS):
-            caller, host = to_host((caller, [results[i] for i in now]))
+            self._late.append((plan, result.outputs, step, read, result.results))
+        caller, fetched, now = result.caller, None, plan.now
+        if caller is not None or (result.results and any(result.results[i] is not None for i in now)):
+            caller, host = to_host((caller, [result.results[i] if result.results else None for i in now]))
             fetched = dict(zip(now, host, strict=True))
         if now:
             self._call_after_run(plan, now, fetched, result.outputs, step, read)
         self._settle(step)
         if not self._late:  # else with the late ones, after the next run's step: one wake-up of the thread
-            _off_loop.flush()  # the run's reports to the report thread
+            report_thread.flush()  # the run's reports to the report thread
         return caller
 
     def _settle(self, step: int) -> None:
         """After a run's events: until which step (and time) every hook sleeps, so that
-        the runs before it are quiet."""
-        quiet, deadlines, wake = 0 if self._awake else math.inf, [], self._wake
-        for i, ask in self._sleepers:
-            trigger = wake[i]
+        the runs before it are quiet. A hook due at the next run is asked its trigger."""
+        quiet, deadlines = 0 if self._awake else math.inf, []
+        for i in self._sleepers:
+            trigger = self._wake[i]
             if step + 1 >= trigger.step or (trigger.clock is not None and trigger.clock() >= trigger.time):
-                trigger = wake[i] = ask(step) or _NOW
-            if trigger.step < quiet:
-                quiet = trigger.step
+                trigger = self._wake[i] = self._slots[i].schedule.next(step) or _NOW
+            quiet = min(quiet, trigger.step)
             if trigger.clock is not None and trigger.time != math.inf:
                 deadlines.append((trigger.clock, trigger.time))
         self._quiet_step, self._deadlines = quiet, deadlines
@@ -288,75 +292,57 @@ class HookRunner:
             if read:
                 read.host()  # every `after_read`, on the loop
             if plan.away:
-                _off_loop.submit(self._report, plan, results, outputs, step, read)
-            if not plan.late:
-                continue
-            results = None if results is NO_RESULTS else dict(zip(plan.late, to_host(
-                [results[i] for i in plan.late]), strict=True))
-            self._call_after_run(plan, plan.late, results, outputs, step, read)
-        _off_loop.flush()
+                report_thread.submit(self._report, plan, results, outputs, step, read)
+            if plan.late:
+                fetched = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True)) if results \
+                    else None
+                self._call_after_run(plan, plan.late, fetched, outputs, step, read)
+        report_thread.flush()
 
-    def sync(self) -> None:
-        """Delivers every late `after_run` and waits for the report thread; raises what failed there."""
+    def sync(self, step: int) -> None:
+        """Delivers every late `after_run` and waits for the report thread; raises what
+        failed off the loop (the session's step: `step`)."""
         self.deliver_late()
-        _off_loop.wait()
-        self._raise_reported()
+        report_thread.wait()
+        self._failures.raise_first(step)
 
     def _report(self, plan: RunPlan, results: Any, outputs: Any, step: int, read: Any) -> None:
         """The `after_run`s of the calls of `plan` that only report, on the report thread."""
         for i in plan.away:
             call = plan.calls[i]
             try:
-                fetched = results[i]
+                fetched = results[i] if results else None
                 accumulated = read.values(call.hook) if call.read and read else None
                 call.hook.after_run(plan.ctx, RunValues(None if fetched is None else to_host(fetched), step,
                                                         outputs, accumulated))
             except Exception as error:
                 if self._raises(call.hook, error):
                     error.add_note(f"(raised in {call.hook!r}.after_run at step {step}, on the report thread)")
-                    _off_loop.FAILED.append(error)
+                    self._failures.add_error(error)
                 else:
                     self._warn(call.hook, "after_run", step, error)
-
-    def _raise_reported(self) -> None:
-        """Raises the first failure on the report thread (a summary write, a reporting `after_run`)."""
-        background.raise_failed_write()
-        _off_loop.raise_failed()
 
     def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | None,
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results` (None: none fetched)."""
-        plain = _new_tuple(RunValues, (None, step, outputs, None))  # RunValues(None, step, outputs), faster
-        outer, self._later = (self._later, self._current), []  # `_open()` and `_start()`, inline as in `_plan`
-        last = None if self._spent is None or self._timing else time.perf_counter()
-        self._timing = self._timing or last is not None
+        plain = RunValues(None, step, outputs)
+        outer = self._open()
         try:
-            try:
-                for i in indices:
-                    call = plan.calls[i]
-                    accumulated = read.values(call.hook) if call.read and read is not None else None
-                    fetched = None if results is None else results[i]
-                    self._current = call.hook
-                    try:
-                        values = plain if fetched is None and accumulated is None else RunValues(
-                            fetched, step, outputs, accumulated)
-                        if self._guarded:
-                            with self._guard(call.hook):
-                                call.hook.after_run(plan.ctx, values)
-                        else:  # the common case, without a context to enter
-                            call.hook.after_run(plan.ctx, values)
-                    except Exception as error:
-                        self.failed(call.hook, "after_run", step, error)
-                    finally:
-                        if last is not None:  # as in `_plan`
-                            now = time.perf_counter()
-                            self._spent[self._categories[id(call.hook)]] += now - last
-                            last = now
-            finally:
-                if last is not None:
-                    self._timing = False
-            if self._later:
-                self._run_later("after_run", step)
+            for i in indices:
+                call = plan.calls[i]
+                accumulated = read.values(call.hook) if call.read and read is not None else None
+                fetched = None if results is None else results[i]
+                values = plain if fetched is None and accumulated is None else RunValues(
+                    fetched, step, outputs, accumulated)
+                self._current, started = call.hook, self._start()
+                try:
+                    with self._guard(call.hook):
+                        call.hook.after_run(plan.ctx, values)
+                except Exception as error:
+                    self.failed(call.hook, "after_run", step, error)
+                finally:
+                    self._took(call.hook, started)
+            self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
 
@@ -420,12 +406,12 @@ class HookRunner:
     @staticmethod
     def _raises(hook: Hook, error: Exception) -> bool:
         """Whether `hook`'s `error` stops the run: its policy is to raise, or the error is control flow."""
-        return (hook.on_error != "warn" or isinstance(error, StopIteration) or _errors.is_recoverable(error)
+        return (hook.on_error != "warn" or isinstance(error, StopIteration) or errors.is_recoverable(error)
                 or isinstance(error, (NanLossDuringTrainingError, HostSyncError)))
 
     def _warn(self, hook: Hook, event: str, step: int, error: Exception) -> None:
         """Logs the failure of a hook whose policy is to warn (its first few, then fewer)."""
-        count = self._failures[id(hook)] = self._failures.get(id(hook), 0) + 1
+        count = self._failed[id(hook)] = self._failed.get(id(hook), 0) + 1
         if count <= 3 or count in (10, 100) or count % 1000 == 0:
             logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
                            hook, event, step, count, error, exc_info=count == 1)
@@ -446,7 +432,7 @@ def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
                 f"hooks[{i}] is {hook!r} of type {type(hook).__name__}, not a jaxmon Hook. "
                 "Subclass jm.Hook and override the events you need."
             )
-        _errors.check_on_error(hook, hook.on_error)
+        errors.check_on_error(hook, hook.on_error)
     return hooks
 
 

@@ -1,19 +1,22 @@
 """One run's requests and values as immutable records: the hooks' `RunPlan` in (built by
-`_hook_runner.HookRunner`), one `RunResult` out (of `_dispatch.Dispatch`)."""
+`hook_runner.HookRunner`), one `RunResult` out (of `dispatch.Dispatch`)."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from jaxmon._base.hook import Hook, RunContext
-from jaxmon._run.fetches import Wanted
+from jaxmon._run.fetches import FetchPlan, Wanted
+
+#: Who the caller's fetches are, in a fetch plan and in its errors.
+CALLER = "run(fetches=...)"
 
 
 class Call(NamedTuple):
     """One hook's part in a run: its `after_run` follows (`late`: one run later; `away`:
     then on the report thread), with the values of its `fetches` and, if it `read`s, its
-    accumulators."""
+    accumulators. Equal calls (the same hook asking the same) are equal values."""
 
     hook: Hook
     late: bool = False
@@ -33,7 +36,7 @@ class RunPlan(NamedTuple):
       now, late, away, fetching: the indices in `calls` of those called after this run,
         of those called one run later on the loop, and on the report thread, and of
         those that fetch.
-      fetch_now: whether a call made after this run fetches.
+      fetches: the hooks' fetches as one fetch plan (the caller's slot first, empty).
     """
 
     ctx: RunContext | None
@@ -42,45 +45,42 @@ class RunPlan(NamedTuple):
     readers: tuple[Hook, ...] = ()
     now: tuple[int, ...] = ()
     late: tuple[int, ...] = ()
-    fetching: tuple[int, ...] = ()
     away: tuple[int, ...] = ()
-    fetch_now: bool = False
+    fetching: tuple[int, ...] = ()
+    fetches: FetchPlan | None = None
 
     @classmethod
-    def of(cls, ctx: RunContext | None, calls: tuple[Call, ...],
-           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = (), without: Container[int] = ()) -> RunPlan:
-        """The plan of `calls`, its readers and indices derived; the calls of hooks
-        numbered (by `id`) in `without` only read (they have no `after_run`)."""
-        readers = tuple(call.hook for call in calls if call.read)
-        calls = tuple(call for call in calls if call.fetches is not None or id(call.hook) not in without)
-        return cls(ctx, calls, feeds, readers, tuple(i for i, call in enumerate(calls) if not call.late),
-                   tuple(i for i, call in enumerate(calls) if call.late and not call.away),
-                   tuple(i for i, call in enumerate(calls) if call.fetches is not None),
-                   tuple(i for i, call in enumerate(calls) if call.away),
-                   any(not call.late and call.fetches is not None for call in calls))
+    def of(cls, ctx: RunContext | None, calls: Sequence[Call],
+           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = (), only_read: Sequence[Hook] = ()) -> RunPlan:
+        """The plan of `calls`, everything else derived from them; `only_read`: hooks that
+        read their accumulators but get no call (no `after_run`)."""
+        calls = tuple(calls)
+        readers = (*(call.hook for call in calls if call.read), *only_read)
+        fetching = tuple(i for i, call in enumerate(calls) if call.fetches is not None)
+        return cls(ctx, calls, feeds, readers,
+                   now=tuple(i for i, call in enumerate(calls) if not call.late),
+                   late=tuple(i for i, call in enumerate(calls) if call.late and not call.away),
+                   away=tuple(i for i, call in enumerate(calls) if call.away),
+                   fetching=fetching,
+                   fetches=FetchPlan([(CALLER, None), *[(calls[i].hook, calls[i].fetches) for i in fetching]]))
+
+    def fetch_plan(self, wanted: Wanted | None) -> FetchPlan:
+        """The run's fetch plan with the caller's fetches (`wanted`) first."""
+        if wanted is None and self.fetches is not None:
+            return self.fetches
+        return FetchPlan([(CALLER, wanted), *[(self.calls[i].hook, self.calls[i].fetches) for i in self.fetching]])
 
 
 #: The plan of a run that every hook sleeps through: no event is called.
 QUIET = RunPlan(None)
 
 
-class NoResults:
-    """The results of a run in which no call fetched anything: None for every call."""
-
-    def __getitem__(self, i: int) -> None:
-        return None
-
-
-NO_RESULTS = NoResults()
-
-
 class RunResult(NamedTuple):
     """What one dispatch returns: the new state, the outputs (device arrays), the
     caller's fetches and, for each call of the plan, its fetched values (on the
-    device; None where it fetched nothing; a `_fetches.Routed` routes them when
-    first asked for)."""
+    device; None where it fetched nothing; empty where no call fetched)."""
 
     state: Any
     outputs: Any
     caller: Any = None
-    results: Sequence[Any] = ()
+    results: tuple[Any, ...] = ()

@@ -5,8 +5,9 @@ One run: the batch (`BatchSource`), every awake hook's `before_run` as one `RunP
 accumulators' read (`Accumulators`), then the `after_run`s (`HookRunner`); a run every
 hook sleeps through takes the same path with the empty plan. Around it: the state's
 life (`StateLife`: create, restore, recover), the stop decision (`Stopping`) and, with
-several processes, the agreement points (`AgreedRuns`). `docs/architecture.md` draws
-the whole path.
+several processes, the agreement points (`AgreedRuns`). What fails off the loop (a
+save, a report) goes to the session's `Failures`, asked once per run, after its step.
+`docs/architecture.md` draws the whole path.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import jax
 
 from jaxmon._base import errors as _errors
 from jaxmon._base.hook import Hook
-from jaxmon._checkpoints import manager as _checkpoint
 from jaxmon._checkpoints.warm_start import WarmStartReport
 from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._ops.failures import Failures
 from jaxmon._ops.host_syncs import HostSyncs
 from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._ops.watchdog import Watchdog
@@ -42,9 +43,9 @@ logger = logging.getLogger("jaxmon")
 class MonitoredSession:
     """Runs a step function with hooks: TF 1.x's `MonitoredSession`, made for JAX.
 
-    The state (any pytree) flows through `step_fn(state, batch) -> (new_state, outputs)`, jitted with the state
-    donated. Each `run()` calls every `before_run`, dispatches ONE compiled step that also computes what hooks and
-    caller fetch, then every `after_run`. A run in which nobody reads anything never waits for the device.
+    The state (any pytree) flows through `step_fn(state, batch) -> (new_state, outputs)`, jitted, state donated.
+    Each `run()` calls every `before_run`, dispatches ONE compiled step that also computes what hooks and caller
+    fetch, then every `after_run`. A run in which nobody reads anything never waits for the device.
 
     Args:
       step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable; `outputs` is a dict of arrays
@@ -64,17 +65,17 @@ class MonitoredSession:
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
       handle_sigterm: on SIGTERM, or Ctrl-C inside `with`, save at the next step boundary and stop.
-      mesh: a `jax.sharding.Mesh` the state and batches are placed on (see the README, "Scaling out").
+      mesh: a `jax.sharding.Mesh` the state and batches are placed on (see docs/processes.md, "Scaling out").
       state_sharding: None (leaves keep init_fn's NamedSharding on `mesh`, else replicated), a PartitionSpec,
         a prefix pytree of them, or `fn(abstract_state)`; batch_sharding: the same for one step's batch.
       steps_per_dispatch: up to this many steps per `run()` in one scan, cut at every exact step trigger (and
-        agreement point); scan_unroll: its `unroll`, int, True or "auto" (see the README, "Speed").
+        agreement point); scan_unroll: its `unroll`, int, True or "auto" (see docs/performance.md, "Speed").
       max_dispatch_ahead: the most steps queued without a wait ("auto": 16 on several CPU devices, else None).
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
-      agree_every_n_steps: with several JAX processes, the most steps between two agreements ("Scaling out").
-      debug_host_syncs: the data or an every-run hook reading a device value raises (README, "Finding a host read").
-      watchdog_secs: no step in this long ends the process (exit 76, stacks logged; see the README, "Watchdog");
-        watchdog_startup_secs: the same before the first step, while compiling and while closing.
+      agree_every_n_steps: with several JAX processes, the most steps between two agreements (docs/processes.md).
+      debug_host_syncs: the data or an every-run hook reading a device value raises (docs/operations.md).
+      watchdog_secs: no step in this long ends the process (exit 76; docs/operations.md); watchdog_startup_secs:
+        the same before the first step, while compiling and while closing.
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -104,14 +105,12 @@ class MonitoredSession:
                          state_sharding, batch_sharding, steps_per_dispatch, prefetch, agree_every_n_steps,
                          scan_unroll, watchdog_secs, watchdog_startup_secs)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
-        host_syncs, self._spent = HostSyncs(debug_host_syncs), TimeSpent()
-        self._runner = HookRunner(hooks, host_syncs, self._spent.secs)
-        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read,
-                                          one_step_runs=steps_per_dispatch == 1)
-        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement,
+        host_syncs, self._spent, self._failures = HostSyncs(debug_host_syncs), TimeSpent(), Failures()
+        self._runner = HookRunner(hooks, host_syncs, self._spent.secs, self._failures)
+        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
+        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, spent=self._spent.secs,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
-                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,
-                                  spent=self._spent.secs)
+                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
@@ -131,8 +130,9 @@ class MonitoredSession:
         self._watchdog = Watchdog.of(lambda: (self._step, self._closed, self._life.restored_step), watchdog_secs,
                                      watchdog_startup_secs)
         try:
-            self._runner.begin(initial_step)
-            self._life.create(self._created)
+            with self._failures:  # what the hooks hand off in their events reports to this session
+                self._runner.begin(initial_step)
+                self._life.create(self._created)
         except BaseException:
             self._closed = True
             self._watchdog.stop()
@@ -158,21 +158,22 @@ class MonitoredSession:
         if self._closed or self._stopping.decided:
             _refuse_run(self._closed)
         wanted = None if fetches is None else _fetches.normalize(fetches, "run(fetches=...)")
-        if self._agreed is not None:
-            return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
-        from_data = take = batch is None and self._batches.has_data
-        try:
+        with self._failures:  # what the hooks hand off in this run reports to this session
+            if self._agreed is not None:
+                return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
+            from_data = take = batch is None and self._batches.has_data
             try:
-                if take:
-                    batch, take = self._batches.next(self._step), False
-                return self._run_once(batch, fetches, wanted)
-            except Exception as error:
-                if isinstance(error, StopIteration) or not _errors.is_recoverable(error):
-                    raise
-                return self._recover(error, batch, take, from_data, fetches, wanted)
-        except StopIteration:
-            self._stopping.request()  # end of data: a clean stop
-            raise
+                try:
+                    if take:
+                        batch, take = self._batches.next(self._step), False
+                    return self._run_once(batch, fetches, wanted)
+                except Exception as error:
+                    if isinstance(error, StopIteration) or not _errors.is_recoverable(error):
+                        raise
+                    return self._recover(error, batch, take, from_data, fetches, wanted)
+            except StopIteration:
+                self._stopping.request()  # end of data: a clean stop
+                raise
 
     def _recover(self, error: Exception, batch: Any, take: bool, from_data: bool, fetches: Any,
                  wanted: dict | None) -> Any:
@@ -201,11 +202,11 @@ class MonitoredSession:
             length, given = 1, batch
         else:
             length, batch, given = as_run(batch, self.steps_per_dispatch)
-        _checkpoint.FAILED_SAVES and _checkpoint.raise_failed_save(self.hooks, self._step)  # one failed: stop now
         (preemption := self._preemption).requested and self._runner.reschedule()  # a saver's next trigger is now
         plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
         self._state, self._step = result.state, self._step + length
+        self._failures and self._failures.raise_first(self._step)  # a save or a report failed: stop now
         if preemption.polling or preemption.requested:  # JAX's sync point sees every step (else it does nothing)
             for done in range(self._step - length + 1, self._step + 1):
                 self._stopping.after_run(done)
@@ -237,11 +238,11 @@ class MonitoredSession:
         return self._life.warm_start_report
 
     def sync(self) -> None:
-        """Delivers every pending late `after_run` now (see `RunArgs.late`), waits for the hooks'
-        reports on the report thread, and reads the hooks' accumulators (every `after_read`),
-        waiting for the device only as long as that needs."""
-        self._runner.sync()
-        self._accumulators.read_now(self._step)
+        """Delivers every late `after_run` now (`RunArgs.late`), waits for the report thread and reads the hooks'
+        accumulators (every `after_read`), waiting for the device only as long as that needs."""
+        with self._failures:
+            self._runner.sync(self._step)
+            self._accumulators.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
         """`fetches` (as `RunArgs.fetches`) on the state and the last run's batch and outputs, as host
@@ -249,8 +250,7 @@ class MonitoredSession:
         return self._dispatch.fetch(self._state, fetches)
 
     def snapshot(self) -> Snapshot | None:
-        """What a checkpoint of the current step holds (after `sync()`), or None (logged) when it must not
-        be saved; with several JAX processes all save or none does."""
+        """What a checkpoint of this step holds (after `sync()`), or None (logged): unfit; every process agrees."""
         return self._life.snapshot(self._state, self._step, sync=self.sync, peers=self._agreed)
 
     def after_hooks(self, fn: Callable[[], Any]) -> None:
@@ -304,21 +304,23 @@ class MonitoredSession:
             return
         self._closed, ok = True, False
         self._preemption.uninstall()
-        try:
-            if clean:
-                self._agreed and self._agreed.close()  # several processes: an error held since the last agreement
-                self.sync()
-                self._runner.end(self)
-            else:
-                _quietly(self._runner.sync, "delivering the last late results")
-            ok = True
-        finally:
+        with self._failures:  # the last saves and reports report to this session
             try:
-                self._dispatch.close()  # compilations ahead not started are dropped
-                self._batches.give_back()
-                self._runner.close(raise_errors=ok and clean)
+                if clean:
+                    self._agreed and self._agreed.close()  # several processes: an error held since the last agreement
+                    self.sync()
+                    self._runner.end(self)
+                else:
+                    _quietly(lambda: self._runner.sync(self._step), "delivering the last late results")
+                ok = True
             finally:
-                self._watchdog.stop()
+                try:
+                    self._dispatch.close()  # compilations ahead not started are dropped
+                    self._batches.give_back()
+                    self._runner.close(raise_errors=ok and clean)
+                finally:
+                    self._watchdog.stop()
+        clean and self._runner.sync(self._step)  # a report that failed while the hooks ended is raised here
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:

@@ -1,10 +1,10 @@
-"""BackgroundWriter: a writer's work on the report thread (`_off_loop`), off the training loop.
+"""BackgroundWriter: a writer's work on the report thread (`report_thread`), off the training loop.
 
 A trigger run's summaries cost the loop only a queue put: the TensorBoard protos, the
 CRCs, the JSON lines and the file writes happen on the report thread, in order. `flush()`
 (before every checkpoint, through `flush_all`) and `close()` wait until everything queued
-is written; a write that failed is raised after the loop's next step
-(`raise_failed_write`), or by the next call made to the writer.
+is written; a write that failed is raised by the session that queued it after its
+next step (see `failures`), or by the next call made to the writer, whichever is first.
 """
 
 from __future__ import annotations
@@ -14,18 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import failures, report_thread
 from jaxmon._writers.interface import restart
-
-#: The background writers whose last write failed, until the loop raises it (`raise_failed_write`).
-FAILED: list[BackgroundWriter] = []
-
-
-def raise_failed_write() -> None:
-    """Raises the error of a summary write that failed in the background, once; the hook
-    runner asks after every run's step (one look at an empty list when none failed)."""
-    while FAILED:
-        FAILED.pop().wait()
 
 
 class BackgroundWriter:
@@ -41,7 +31,7 @@ class BackgroundWriter:
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self._raise_failed()
-        _off_loop.submit(self._write, fn, args)
+        report_thread.submit(self._write, fn, args)
 
     def _write(self, fn: Callable[..., Any], args: tuple) -> None:
         if self._error is not None:  # after a failure, nothing more is written
@@ -50,7 +40,9 @@ class BackgroundWriter:
             fn(*args)
         except BaseException as error:  # raised from the loop's next run, or its next call
             self._error = error
-            FAILED.append(self)
+            box = failures.current()  # the box of the session that queued the write
+            if box is not None:
+                box.add(lambda step: self._raise_failed())
 
     def _raise_failed(self) -> None:
         error = self._error
@@ -60,7 +52,7 @@ class BackgroundWriter:
 
     def wait(self) -> None:
         """Waits until every write queued so far is done; raises a write's failure."""
-        _off_loop.wait()
+        report_thread.wait()
         self._raise_failed()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:

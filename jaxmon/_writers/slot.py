@@ -6,7 +6,7 @@ import os
 import weakref
 from typing import Any
 
-from jaxmon._ops import report_thread as _off_loop
+from jaxmon._ops import report_thread
 from jaxmon._writers.cache import SummaryWriterCache
 from jaxmon._writers.interface import SummaryWriter, restart
 
@@ -26,7 +26,7 @@ def flush_all() -> None:
       >>> flush_all()  # metrics.jsonl and the event file hold step 1
       >>> handle.close()
     """
-    _off_loop.wait()  # the hooks' reports queued on the report thread, written to given writers too
+    report_thread.wait()  # the hooks' reports queued on the report thread, written to given writers too
     SummaryWriterCache.flush()
     given = {id(slot.given): slot.given for slot in list(_OPEN) if slot.given is not None}  # the rest are cached
     for writer in given.values():
