@@ -454,7 +454,8 @@ def test_a_multi_step_run_calls_a_hook_whose_trigger_falls_inside_it():
 
 
 class Legacy(jm.Hook):
-    """Written against the deprecated members: a timer, and idle between its triggers."""
+    """Written against the older members, a timer and idle between its triggers, which no
+    longer schedule anything: no `next_trigger`, so it is called on every run."""
 
     idle_between_triggers = True
 
@@ -469,14 +470,15 @@ class Legacy(jm.Hook):
         self.after.append(values.step)
 
 
-def test_a_hook_with_the_deprecated_timer_members_still_sleeps_and_warns():
+def test_a_hook_with_the_older_timer_members_is_called_on_every_run():
     hook = Legacy(every=3)
-    with pytest.warns(DeprecationWarning, match=r"Legacy schedules itself with \['idle_between_triggers', 'timer'\]"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation shim, no warning
         runner = HookRunner([hook])
     plans = [run(runner, step) for step in range(10)]
-    assert hook.before == [1, 4, 7, 10] and hook.after == [1, 4, 7, 10]
-    assert sum(plan is QUIET for plan in plans) == 6
-    assert runner.run_limit(10, 32) == 3  # its timer's next step, 13, ends a multi-step run
+    assert hook.before == hook.after == list(range(1, 11))
+    assert not any(plan is QUIET for plan in plans)
+    assert runner.run_limit(10, 32) == 32  # its timer puts no bound on a run's length
 
 
 def test_a_hook_with_next_trigger_gives_no_deprecation_warning():
