@@ -3,12 +3,12 @@
 Every public name loads with its module on first use (PEP 562): `jaxmon --help`, a
 config's error and `jaxmon inspect` answer without loading JAX, and a program that
 uses a few names loads only what they need. The imports below are the names' one list,
-read by type checkers as they are and by `__getattr__` through `_lazy_names`.
+read by type checkers; `_SUBMODULES` and `_PUBLIC` below are the same list as plain
+code, which `__getattr__` reads (tests/test_architecture.py keeps the two equal).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -69,20 +69,40 @@ if TYPE_CHECKING:
     )
 
 
-def _lazy_names() -> dict[str, str]:
-    """{public name: its module} from the `if TYPE_CHECKING:` imports of this file (a
-    submodule, such as `models`, maps to itself)."""
-    source = __spec__.loader.get_source(__name__)  # also from a zip file
-    if source is None:
-        raise ImportError("jaxmon is installed without its source files; its public names are read from "
-                          f"{__file__}'s imports: install it from a wheel or its sources.")
-    tree = ast.parse(source)
-    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
-    return {alias.name: f"{node.module}.{alias.name}" if node.module == __name__ else node.module
-            for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
-
-
-_MODULE_OF = _lazy_names()
+#: The public submodules, each its own name.
+_SUBMODULES = ("datasets", "distributed", "hooks", "models")
+#: Each module that defines public names, and those names.
+_PUBLIC = {
+    "jaxmon._base.errors": ("AbortedError", "NanLossDuringTrainingError", "UnavailableError"),
+    "jaxmon._base.hook": (
+        "Hook", "RunArgs", "RunContext", "RunValues", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
+        "SessionRunValues",
+    ),
+    "jaxmon._base.triggers": ("NeverTriggerTimer", "SecondOrStepTimer", "Trigger"),
+    "jaxmon._checkpoints.manager": ("Restored", "checkpoints_iterator", "restore_checkpoint"),
+    "jaxmon._checkpoints.warm_start": ("WarmStartReport",),
+    "jaxmon._data.arrays": ("ArrayDataSource",),
+    "jaxmon._data.loaders": ("ResumableIterator",),
+    "jaxmon._experiment.config_file": ("ConfigError", "apply_overrides", "load_config"),
+    "jaxmon._experiment.tasks": ("Task", "TaskContext"),
+    "jaxmon._experiment.train": ("train_experiment",),
+    "jaxmon._metrics.reductions": ("FirstNonFinite", "Last", "Mean", "Ratio", "Reduction", "Sum"),
+    "jaxmon._ops.host_syncs": ("HostSyncError",),
+    "jaxmon._processes.agree": ("PeerError",),
+    "jaxmon._run.session": ("MonitoredSession",),
+    "jaxmon._run.train_state": ("TrainState",),
+    "jaxmon._run.training": ("USE_DEFAULT", "MonitoredTrainingSession"),
+    "jaxmon._writers": ("JsonlWriter", "MultiWriter", "SummaryWriter", "SummaryWriterCache", "TensorBoardWriter"),
+    "jaxmon.hooks": (
+        "CheckpointSaverHook", "CheckpointSaverListener", "EarlyStoppingHook", "EvalHook", "FeedFnHook",
+        "FinalOpsHook", "GlobalStepWaiterHook", "GoodputHook", "Histogram", "Image", "LoggingHook",
+        "LoggingTensorHook", "NanHook", "NanTensorHook", "PeriodicHook", "ProfilerHook", "ProgressBarHook",
+        "StepCounterHook", "StopAtStepHook", "SummarySaverHook", "Text", "latest_checkpoint_step",
+    ),
+}
+#: {public name: its module}, for `__getattr__`.
+_MODULE_OF = {name: f"jaxmon.{name}" for name in _SUBMODULES} | {
+    name: module for module, names in _PUBLIC.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
