@@ -34,7 +34,7 @@ def get_config() -> dict:
             "save_summaries_secs": None,
             "log_step_count_steps": 250,
             "max_to_keep": 3,
-            "steps_per_dispatch": 1,  # up to N steps per dispatch (a lax.scan): see the README on when it helps
+            "steps_per_dispatch": 1,  # up to N steps per dispatch (a lax.scan): docs/performance.md says when it helps
             "scan_unroll": "auto",  # how that scan compiles: "auto", an unroll int (1: a loop) or True (fully)
         },
         "warm_start": None,  # a checkpoint directory to take the model's parameters from, on a fresh start

@@ -58,7 +58,7 @@ def get_config() -> dict:
             "save_summaries_secs": None,
             "log_step_count_steps": 100,
             "max_to_keep": 2,
-            "steps_per_dispatch": 1,  # up to N steps per dispatch (a lax.scan): see the README on when it helps
+            "steps_per_dispatch": 1,  # up to N steps per dispatch (a lax.scan): docs/performance.md says when it helps
         },
         "mesh": None,  # one device; e.g. {"data": -1, "fsdp": 1, "tensor": 1} on several
         # With a mesh, the model's logical axes map onto it as jaxmon.models.TRANSFORMER_RULES does:
