@@ -26,6 +26,7 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
 # suite's programs are small and run few steps, so compiling them costs more than running
 # them (a tiny transformer: 14 s of CPU instead of 20). The results are those of the
 # optimised code to rounding; each comparison runs both sides with the same flags.
+# (`helpers` is tests/helpers.py: pyproject.toml's `pythonpath` puts tests/ on sys.path.)
 if os.environ["JAX_PLATFORMS"] == "cpu":
     from helpers import SUITE_XLA_FLAGS
 

@@ -1,9 +1,17 @@
 """Small shared pieces for the tests: a recording hook, tiny step and init functions,
-endless data, what a mean over steps gives, and the environment of child JAX processes."""
+endless data, what a mean over steps gives, a session run to its end, the environment of
+child JAX processes, and `jaxmon train` run as a user runs it.
+
+tests/ is on sys.path (pyproject.toml's `pythonpath`), so every test file, in whichever
+folder, imports this one module as `helpers`; a child process that imports it gets
+`with_helpers_path(env)`."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -12,8 +20,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxmon as jm
+
+#: The test suite's folder, and the repository's (where `jaxmon train` runs from).
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 class RecordingHook(jm.Hook):
@@ -92,6 +105,29 @@ def window_means(values, steps, start=0):
 
 def events(log, event):
     return [name for name, e in log if e == event]
+
+
+# -- a session run to its end -------------------------------------------------------------------
+
+
+def run_loop(sess, started=None):
+    """Runs `sess` until it should stop; appends the step each run starts at to `started`."""
+    while not sess.should_stop():
+        if started is not None:
+            started.append(sess.step)
+        sess.run()
+
+
+def train_on(sess):
+    """Enters `sess`, runs it until it should stop and closes it; returns it."""
+    with sess:
+        run_loop(sess)
+    return sess
+
+
+def warnings_of(caplog):
+    """The messages of jaxmon's log records at WARNING and above, in order."""
+    return [r.getMessage() for r in caplog.records if r.name == "jaxmon" and r.levelno >= logging.WARNING]
 
 
 class Counter:
@@ -239,6 +275,12 @@ def cpu_env(devices: int | None = None) -> dict[str, str]:
     return env
 
 
+def with_helpers_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with tests/ first on PYTHONPATH: for a child process that imports `helpers`
+    (a test file run as a script, a worker script that imports it)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))}
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 just now, for a coordinator of child processes."""
     with socket.socket() as s:
@@ -272,3 +314,101 @@ def signal_between_saves(config, workdir, signum, root):
     finally:
         process.kill()
     return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+# -- `jaxmon train` as a user runs it: its exit code, its last line, what it saved ---------------
+
+#: The default experiment (what `make train` runs).
+DEFAULT = str(ROOT / "configs" / "default.py")
+#: Only checkpoints write (no summaries, step counter or evaluations), every 10 steps.
+# (The compilation cache is the suite's, outside the workdir: see conftest.py.)
+SAVES_ONLY = ["--config.session.save_summaries_steps=None", "--config.session.log_step_count_steps=None",
+              "--config.hooks.1.every_n_steps=None", "--config.session.save_checkpoint_steps=10",
+              "--config.session.max_to_keep=None"]
+
+
+def train(workdir, *args, config=DEFAULT, timeout=240):
+    """`jaxmon train --config CONFIG --workdir WORKDIR ARGS...` in a subprocess, from the
+    repository; its `CompletedProcess`, output captured."""
+    return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                           str(workdir), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def assert_fails(result, code, *words):
+    """Exit `code`; the last line of stderr names the problem (`words`); under 15 lines."""
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == code, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("jaxmon train: "), last
+    for word in words:
+        assert word in last, (word, last)
+    assert len(output) < 15, "\n".join(output)
+    assert "Traceback" not in result.stderr
+    return last
+
+
+def assert_same_checkpoint(workdir, reference, step):
+    """Checkpoint `step` of `workdir` holds the state of `reference`'s, bit for bit."""
+    got, want = jm.restore_checkpoint(workdir, step=step), jm.restore_checkpoint(reference, step=step)
+    assert got.step == want.step == step
+    for a, b in zip(jax.tree.leaves(got.state), jax.tree.leaves(want.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@contextlib.contextmanager
+def tmpfs(path, size):
+    """A tmpfs of `size` at `path` (the test is skipped where it cannot be mounted)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+# -- a tiny experiment for `jaxmon train --processes 2` ------------------------------------------
+
+_TINY_CONFIG = '''
+def get_config():
+    return {{
+        "name": "tiny-digits",
+        "seed": 0,
+        "steps": {steps},
+        "data": {{"source": "jaxmon.datasets:digits", "batch_size": 16, "eval_batch_size": 40}},
+        "model": {{"name": "jaxmon.models:MLP", "features": [16], "num_outputs": 10}},
+        "task": "classification",
+        "optimizer": {{"name": "adam", "learning_rate": 2e-3}},
+        "hooks": [{{"name": "EvalHook", "every_n_steps": 20}}, {{"name": "NanHook"}}{slow}],
+        "session": {{"save_checkpoint_steps": 20, "save_summaries_steps": 10, "log_step_count_steps": 20,
+                     "max_to_keep": 10}},
+    }}
+'''
+
+_SLOWDOWN = '''
+import time
+import jaxmon as jm
+
+
+class Sleep(jm.Hook):
+    """Sleeps after each run: a run long enough to interrupt."""
+
+    def __init__(self, secs):
+        self.secs = secs
+
+    def after_run(self, ctx, values):
+        time.sleep(self.secs)
+'''
+
+
+def tiny_config(directory: pathlib.Path, steps: int, sleep: float = 0.0) -> pathlib.Path:
+    """Writes `directory/tiny.py`, an MLP on digits trained for `steps` steps (with
+    `directory/slowdown.py`'s hook sleeping `sleep` s after each run, if given); its path."""
+    slow = f', {{"name": "slowdown:Sleep", "secs": {sleep}}}' if sleep else ""
+    (directory / "slowdown.py").write_text(_SLOWDOWN)
+    path = directory / "tiny.py"
+    path.write_text(_TINY_CONFIG.format(steps=steps, slow=slow))
+    return path

@@ -1,0 +1,192 @@
+"""Checkpoint integrity (`jaxmon/_checkpoints/integrity.py`) on real checkpoints: a checkpoint whose
+bytes changed after it was written is refused with one line naming its step and the
+file, the one before it is restored, and the run trains on to the uninterrupted run's
+state bit for bit; `restore_checkpoint` of that step raises. Then the manifest's own
+rules on plain files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import train_on, warnings_of
+
+import jaxmon as jm
+from jaxmon._checkpoints import integrity as _integrity
+
+# -- a tiny Adam run on deterministic data --------------------------------------------------
+
+
+def regression_arrays():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(32, 128)).astype(np.float32)
+    return {"x": x, "y": x @ rng.normal(size=(128, 4)).astype(np.float32)}
+
+
+def adam_init():  # arrays over 1 KiB each: OCDBT keeps them in its data files, not inline
+    return {"w": jnp.zeros((128, 4), jnp.float32), "mu": jnp.zeros((128, 4), jnp.float32),
+            "nu": jnp.zeros((128, 4), jnp.float32)}
+
+
+def adam_step(state, batch):
+    def loss_fn(w):
+        return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+    loss, grad = jax.value_and_grad(loss_fn)(state["w"])
+    mu = 0.9 * state["mu"] + 0.1 * grad
+    nu = 0.999 * state["nu"] + 0.001 * grad * grad
+    return {"w": state["w"] - 0.01 * mu / (jnp.sqrt(nu) + 1e-8), "mu": mu, "nu": nu}, {"loss": loss}
+
+
+def session(directory, last_step, async_save=True, integrity=True):
+    hooks = [jm.CheckpointSaverHook(directory, save_steps=2, async_save=async_save, integrity=integrity),
+             jm.StopAtStepHook(last_step=last_step)]
+    data = jm.ArrayDataSource(regression_arrays(), batch_size=8, seed=5)  # 4 batches per epoch
+    return jm.MonitoredSession(adam_step, adam_init, data=data, hooks=hooks)
+
+
+def largest_file(step_directory):
+    files = [os.path.join(root, name) for root, _, names in os.walk(step_directory) for name in names]
+    return max(files, key=os.path.getsize)
+
+
+def flip_bytes(path, count=3):
+    data = bytearray(open(path, "rb").read())
+    for i in range(len(data) // 2, len(data) // 2 + count):
+        data[i] ^= 0xFF
+    with open(path, "r+b") as file:
+        file.write(data)
+
+
+# -- refused, the one before restored, the same run ------------------------------------------
+
+
+def test_a_changed_checkpoint_is_refused_and_the_run_goes_on_from_the_one_before_bit_for_bit(tmp_path, caplog):
+    full = train_on(session(tmp_path / "full", 8))
+    directory = tmp_path / "split"
+    train_on(session(directory, 6))
+    changed = largest_file(directory / "6")
+    name = os.path.relpath(changed, directory / "6")
+    assert name.startswith("state/")  # an array's data, what Orbax would restore silently
+    flip_bytes(changed)
+
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        sess = session(directory, 8)
+    [line] = warnings_of(caplog)
+    assert f"Checkpoint 6 in {directory} is refused: {name} changed after it was written (crc32 " in line
+    assert sess.step == 4
+
+    train_on(sess)
+    assert sess.step == 8
+    for key in ("w", "mu", "nu"):
+        assert np.array_equal(np.asarray(sess.state[key]), np.asarray(full.state[key])), key
+    restored = jm.restore_checkpoint(directory, like=adam_init())  # this run's own step 8, sealed
+    assert restored.step == 8
+    assert np.array_equal(np.asarray(restored.state["nu"]), np.asarray(full.state["nu"]))
+
+
+def test_restoring_the_changed_step_by_number_raises_an_error_naming_it(tmp_path, caplog):
+    directory = tmp_path / "run"
+    train_on(session(directory, 4, async_save=False))
+    flip_bytes(largest_file(directory / "4"))
+    with pytest.raises(_integrity.CheckpointChangedError, match=r"^Checkpoint 4 in .* is refused: state/.* changed"):
+        jm.restore_checkpoint(directory, step=4)
+    with pytest.raises(OSError, match="Checkpoint 4 "):  # given as its step directory too
+        jm.restore_checkpoint(directory / "4")
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        assert jm.restore_checkpoint(directory).step == 2  # the latest that restores
+    [line] = warnings_of(caplog)
+    assert line.startswith(f"Checkpoint 4 in {directory} is refused: state/")
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_an_unchanged_checkpoint_restores_with_no_warning(tmp_path, caplog, async_save):
+    directory = tmp_path / "run"
+    first = train_on(session(directory, 4, async_save=async_save))
+    for step in ("0", "2", "4"):
+        manifest = json.loads((directory / step / _integrity.MANIFEST).read_text())
+        assert any(name.startswith("state/") for name in manifest["files"]), manifest
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        sess = session(directory, 4)
+    assert warnings_of(caplog) == []
+    assert sess.step == 4 and np.array_equal(np.asarray(sess.state["w"]), np.asarray(first.state["w"]))
+    sess.close()
+
+
+def test_a_checkpoint_without_a_manifest_restores_unchecked(tmp_path, caplog):
+    directory = tmp_path / "run"
+    train_on(session(directory, 2, async_save=False))
+    os.remove(directory / "2" / _integrity.MANIFEST)  # as one written before integrity checks
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        assert jm.restore_checkpoint(directory, like=adam_init()).step == 2
+    assert warnings_of(caplog) == []
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_saver_built_with_integrity_off_writes_no_manifest_and_its_checkpoints_restore_unchecked(
+        tmp_path, caplog, async_save):
+    directory = tmp_path / "run"
+    train_on(session(directory, 4, async_save=async_save, integrity=False))
+    assert jm.latest_checkpoint_step(directory) == 4
+    assert not any(name == _integrity.MANIFEST for _, _, names in os.walk(directory) for name in names)
+    flip_bytes(largest_file(directory / "4"))  # nothing to check it against: restored as it is
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        assert jm.restore_checkpoint(directory, like=adam_init()).step == 4
+    assert warnings_of(caplog) == []
+
+
+# -- the manifest's rules, on plain files ----------------------------------------------------
+
+
+@pytest.fixture
+def step(tmp_path):
+    step = tmp_path / "12"
+    (step / "state" / "d").mkdir(parents=True)
+    (step / "state" / "d" / "data").write_bytes(bytes(range(256)) * 64)
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    _integrity.seal(step)
+    return step
+
+
+def test_orbax_commit_files_are_not_sealed_and_a_file_added_later_is_ignored(step):
+    assert list(json.loads((step / _integrity.MANIFEST).read_text())["files"]) == ["state/d/data"]
+    (step / "_CHECKPOINT_METADATA").write_text('{"commit_timestamp_nsecs": 1}')
+    (step / "commit_success.txt").write_text("done")
+    (step / "notes.txt").write_text("added later")
+    _integrity.check(step)
+
+
+@pytest.mark.parametrize(("change", "what"), [
+    (lambda step: (step / "state" / "d" / "data").write_bytes(b"short"),
+     "state/d/data changed after it was written (size 5 != 16384 bytes recorded)"),
+    (lambda step: os.remove(step / "state" / "d" / "data"), "state/d/data is missing"),
+    (lambda step: (step / _integrity.MANIFEST).write_text('{"files": '), f"its {_integrity.MANIFEST} is unreadable"),
+])
+def test_a_shorter_or_missing_file_or_an_unreadable_manifest_is_refused(step, change, what):
+    change(step)
+    with pytest.raises(_integrity.CheckpointChangedError) as error:
+        _integrity.check(step)
+    assert error.value.what.startswith(what) and str(error.value).startswith(f"Checkpoint 12 in {step.parent}")
+
+
+def test_sealing_a_step_in_orbaxs_temporary_directory_before_its_commit(tmp_path):
+    pending = tmp_path / "8.orbax-checkpoint-tmp"
+    pending.mkdir()
+    (pending / "data").write_bytes(b"x" * 10)
+    _integrity.seal_step(os.fspath(tmp_path), 8)
+    pending.rename(tmp_path / "8")  # Orbax's commit
+    _integrity.check(tmp_path / "8")
+    assert "data" in (tmp_path / "8" / _integrity.MANIFEST).read_text()
+
+
+def test_a_step_that_cannot_be_sealed_is_logged_and_the_save_goes_on(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        _integrity.seal_step(os.fspath(tmp_path), 3)  # no such step directory
+    [line] = warnings_of(caplog)
+    assert line.startswith(f"Checkpoint 3 in {tmp_path} is saved without its {_integrity.MANIFEST}")

@@ -1,0 +1,168 @@
+"""A dying peer: two `jaxmon train` processes on 127.0.0.1, one SIGKILLed mid-run.
+
+The survivor must end within 30 s with exit code 75 (`PeerError.exit_code` for a lost
+peer) and one clear last line naming the peer failure, without a native dump, whether
+the dead one is process 1 (the survivor's collective fails: `PeerError` in its main
+thread) or the coordinator, process 0 (JAX's coordination client notices on its own
+thread, where jaxmon replaces JAX's fatal log with the line). Started again, both
+processes end at the uninterrupted run's final state, bit for bit.
+
+The fast tests check the pieces without processes: the exit codes and the CLI's help.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from helpers import ROOT, cpu_env, free_port, tiny_config
+
+import jaxmon as jm
+from jaxmon._processes import agree as _agree
+
+STEPS = 80
+NATIVE = ("Check failure", "*** ", "terminate called", "Traceback", "Fatal Python error")
+FATAL_LOG = re.compile(r"^F\d{4} ", re.MULTILINE)  # absl's fatal lines: F1126 01:07:17.173388 ...
+
+
+# -- fast -----------------------------------------------------------------------------------------
+
+
+def test_a_lost_peer_exits_75_and_a_peers_error_exits_1():
+    assert _agree.PEER_LOST_EXIT_CODE == 75
+    assert jm.PeerError("gone", lost=True).exit_code == 75
+    assert jm.PeerError("JAX process 1 failed after step 3: NaN", step=3).exit_code == 1
+
+
+def test_train_help_documents_exit_75():
+    result = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "75 another process of the run died or stopped answering" in text, text
+
+
+NOISY_THREAD = """
+import importlib.util, os, sys, threading, time
+
+spec = importlib.util.spec_from_file_location("_cli_signals", "jaxmon/_cli/signals.py")  # no JAX to start
+_cli_signals = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_cli_signals)
+
+def noise():  # native log lines from other threads, as JAX's coordination client writes one
+    while True:
+        os.write(2, b"E0000 noise from another thread\\n")
+        time.sleep(0.0005)  # not so many that the pipe fills: a writer blocked on a full pipe lands later
+
+for _ in range(2):
+    threading.Thread(target=noise, daemon=True).start()
+time.sleep(0.05)
+_cli_signals.write_last_line("jaxmon train: PeerError: the last line\\n")
+print("nothing after it", file=sys.stderr, flush=True)
+os._exit(75)
+"""
+
+
+def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
+    for _ in range(5):  # the threads write between the line and the exit on most tries, unless silenced
+        done = subprocess.run([sys.executable, "-c", NOISY_THREAD], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 75, done.stderr[-2000:]
+        lines = done.stderr.splitlines()
+        assert lines[-1] == "jaxmon train: PeerError: the last line", lines[-3:]
+        assert "nothing after it" not in done.stderr
+
+# -- two processes ----------------------------------------------------------------------------------
+
+
+def _start(config: Path, workdir: Path) -> list[subprocess.Popen]:
+    """Both processes of one run (one CPU device each), connected on a free port of 127.0.0.1."""
+    env = {**cpu_env(), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2"}
+    return [subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                              str(workdir), "--quiet"], cwd=ROOT, env={**env, "JAX_PROCESS_ID": str(i)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            for i in range(2)]
+
+
+def _kill_all(processes: list[subprocess.Popen]) -> None:
+    """Kills what is left of a run's processes (a failed test leaves none behind)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def _run_to_the_end(config: Path, workdir: Path) -> None:
+    processes = _start(config, workdir)
+    try:
+        for i, process in enumerate(processes):
+            out, err = process.communicate(timeout=400)
+            assert process.returncode == 0, (i, err[-3000:])
+    finally:
+        _kill_all(processes)
+    assert jm.latest_checkpoint_step(workdir) == STEPS
+
+
+def _final_state(workdir: Path) -> dict:
+    restored = jm.restore_checkpoint(workdir)
+    assert restored.step == STEPS
+    return jax.tree.map(np.asarray, restored.state)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The final state of the run nothing interrupted (two processes, to the end)."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    config = tiny_config(directory, steps=STEPS, sleep=0.05)
+    _run_to_the_end(config, directory / "run")
+    return config, _final_state(directory / "run")
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0], ids=["process-1-dies", "the-coordinator-dies"])
+def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exactly(tmp_path, uninterrupted,
+                                                                                   victim):
+    config, expected = uninterrupted
+    workdir = tmp_path / "run"
+    processes = _start(config, workdir)
+    survivor = processes[1 - victim]
+    try:
+        deadline = time.monotonic() + 300
+        while (jm.latest_checkpoint_step(workdir) or 0) < 20:  # mid-run: after the first saves
+            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+            assert time.monotonic() < deadline, f"no checkpoint 20 in {workdir}"
+            time.sleep(0.1)
+        os.kill(processes[victim].pid, signal.SIGKILL)
+        start = time.monotonic()
+        out, err = survivor.communicate(timeout=30)
+        seconds = time.monotonic() - start
+    finally:
+        _kill_all(processes)
+    print(f"SIGKILL of process {victim}: process {1 - victim} ended {seconds:.2f} s later, exit "
+          f"{survivor.returncode}")
+    assert survivor.returncode == _agree.PEER_LOST_EXIT_CODE, err[-3000:]
+    lines = (out + err).strip().splitlines()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("jaxmon train: PeerError: "), err[-3000:]
+    assert "stopped answering" in last and "stops too" in last, last
+    assert len(lines) < 15, "\n".join(lines)
+    for word in NATIVE:
+        assert word not in err, (word, err[-3000:])
+    assert not FATAL_LOG.search(err), err[-3000:]
+    saved = jm.latest_checkpoint_step(workdir)
+    assert saved is not None and 20 <= saved < STEPS  # the complete checkpoints stand
+
+    _run_to_the_end(config, workdir)  # the same command on both: they resume from `saved`
+    resumed = _final_state(workdir)
+    assert jax.tree.structure(resumed) == jax.tree.structure(expected)
+    for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(got, want)

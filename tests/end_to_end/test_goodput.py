@@ -1,0 +1,135 @@
+"""Goodput: a run whose data waits a known time per batch, whose evaluation sleeps a
+known time, and which is killed and resumed (redoing known steps), reports each of those
+categories within 10 % of the known figure, over both processes of the run; `jaxmon
+inspect` prints the breakdown."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from helpers import ROOT
+
+import jaxmon as jm
+
+pytestmark = pytest.mark.processes
+
+DATA_SECS, EVAL_SECS = 0.1, 0.3  # per batch of data; per evaluation batch (two per evaluation)
+
+SCRIPT = textwrap.dedent(f"""
+    import os, sys, time
+    import jax.numpy as jnp, numpy as np
+    import jaxmon as jm
+
+    workdir, crash_at = sys.argv[1], int(sys.argv[2])
+
+    class Slow:  # the data: {DATA_SECS} s per batch, with a position
+        def __init__(self):
+            self.source = jm.ArrayDataSource({{"x": np.ones((1000, 2), np.float32)}}, batch_size=2, shuffle=False)
+        def __iter__(self):
+            return self
+        def __next__(self):
+            time.sleep({DATA_SECS})
+            return next(self.source)
+        def get_state(self):
+            return self.source.get_state()
+        def set_state(self, state):
+            self.source.set_state(state)
+
+    class SleepyEval:  # two batches of {EVAL_SECS} s each
+        def __iter__(self):
+            print("EVALUATION", flush=True)
+            for _ in range(2):
+                time.sleep({EVAL_SECS})
+                yield {{"x": np.ones((2, 2), np.float32)}}
+
+    def step_fn(state, batch):
+        state = state + batch["x"].sum()
+        return state, {{"loss": state}}
+
+    def eval_fn(state, batch):
+        return {{"loss": state + batch["x"].sum()}}
+
+    class Crash(jm.Hook):
+        def after_run(self, run_context, run_values):
+            if run_values.step == crash_at:  # after the breakdown of this step was recorded
+                print("CRASH", time.time(), flush=True)
+                time.sleep(0.5)  # the record is written off the loop: let it land (a crash between two records
+                os._exit(3)      # leaves the steps after the last one to the idle time between the processes)
+
+    hooks = [jm.EvalHook(eval_fn, SleepyEval(), every_n_steps=20), jm.StopAtStepHook(last_step=60),
+             jm.GoodputHook(output_dir=workdir, every_n_steps=5, record_every_secs=0),  # replaces the standard one
+             Crash()]
+    with jm.MonitoredTrainingSession(step_fn, state=jnp.zeros(()), data=Slow(), checkpoint_dir=workdir,
+                                     save_checkpoint_steps=10, save_summaries_steps=5, log_step_count_steps=None,
+                                     prefetch=0, hooks=hooks) as sess:
+        print("START", sess.time_spent.start, sess.restored_step, flush=True)
+        while not sess.should_stop():
+            sess.run()
+""")
+
+
+def test_each_category_is_within_10_percent_of_the_known_time_across_a_restart(tmp_path):
+    script, workdir = tmp_path / "train.py", tmp_path / "run"
+    script.write_text(SCRIPT)
+
+    def run(crash_at):
+        return subprocess.run([sys.executable, str(script), str(workdir), str(crash_at)], cwd=ROOT, text=True,
+                              capture_output=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    first = run(crash_at=35)  # killed after step 35; its newest checkpoint is step 30
+    assert first.returncode == 3, first.stderr[-3000:]
+    crashed = float(next(line for line in first.stdout.splitlines() if line.startswith("CRASH")).split()[1])
+    second = run(crash_at=0)
+    assert second.returncode == 0, second.stderr[-3000:]
+    start, restored = next(line for line in second.stdout.splitlines() if line.startswith("START")).split()[1:]
+    assert restored == "30"
+    evaluations = (first.stdout + second.stdout).count("EVALUATION")
+
+    record = json.loads((workdir / "goodput.json").read_text())
+    assert record["processes"] == 2
+    totals = {k: record["before"][k] + record["process"]["spent"][k] for k in record["before"]}
+    # Steps 1-35, then 31-60: 60 batches kept, 5 redone (their time lost).
+    assert totals["data"] == pytest.approx(60 * DATA_SECS, rel=0.1), totals
+    assert totals["lost"] == pytest.approx(5 * DATA_SECS, rel=0.1), totals
+    assert totals["evaluation"] == pytest.approx(evaluations * 2 * EVAL_SECS, rel=0.1), (evaluations, totals)
+    # Between the processes: from the first one's last record to the second one's session.
+    assert float(start) - crashed <= totals["idle"] <= float(start) - crashed + 1.0, totals
+    assert totals["compile"] > 0 and totals["restore"] > 0 and totals["checkpoint"] > 0
+
+    shown = subprocess.run([sys.executable, "-m", "jaxmon", "inspect", str(workdir)], cwd=ROOT, text=True,
+                           capture_output=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("goodput: "))
+    assert "over the run's whole life (2 processes, one after the other)" in lines[head]
+    table = {line.split()[0]: float(line.split()[1]) for line in lines[head + 1:head + 10]}
+    assert list(table) == ["productive", "compile", "restore", "checkpoint", "data", "evaluation", "hooks", "lost",
+                           "idle"]
+    assert table["data"] == pytest.approx(totals["data"], abs=0.006)
+    assert table["lost"] == pytest.approx(totals["lost"], abs=0.006)
+
+
+def test_a_session_counts_every_second_of_its_life_once():
+    """The categories of one session sum to its wall time, and a fresh session's clocks
+    start at zero."""
+    import jax.numpy as jnp
+
+    def step_fn(state, batch):
+        return state + batch, {}
+
+    def data():
+        while True:
+            time.sleep(0.01)
+            yield 1.0
+
+    with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=data(), hooks=[jm.StopAtStepHook(last_step=20)],
+                             prefetch=0) as sess:
+        while not sess.should_stop():
+            sess.run()
+    spent = sess.time_spent.breakdown()
+    assert sum(spent.values()) == pytest.approx(sess.time_spent.elapsed(), rel=1e-3)
+    assert spent["data"] == pytest.approx(20 * 0.01, rel=0.25) and spent["compile"] > 0
