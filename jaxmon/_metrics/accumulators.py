@@ -151,11 +151,12 @@ class Accumulators:
     def _fresh(self) -> np.ndarray:
         return self._layout.pack_host([np.array(0, np.int32), *self._inits])
 
-    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, length: int, step: int,
+    def prepare(self, step_fn: Callable[..., Any], state: Any, batch: Any, *, program_steps: int, step: int,
                 sharding: Any) -> jax.Array:
-        """Builds the carry of the first run after `start` (the run after `step`)."""
+        """Builds the carry of the first run after `start` (the run after `step`), whose
+        batch is stacked for `program_steps` steps."""
         if self._layout is None:
-            one = one_step(batch, length)
+            one = one_step(batch, program_steps)
 
             def values(state, batch):
                 new_state, outputs = step_fn(state, batch)

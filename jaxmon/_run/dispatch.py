@@ -73,20 +73,20 @@ class Dispatch:
         if self._placement is not None and not self._compiled.constrained:
             self._compiled.constrain_state(_sharding.constrain(self._placement.state_shardings(state)))
 
-    def __call__(self, state: Any, batch: Any, plan: RunPlan, wanted: _fetches.Wanted | None, length: int,
+    def __call__(self, state: Any, batch: Any, plan: RunPlan, *, wanted: _fetches.Wanted | None, steps: int,
                  step: int) -> RunResult:
-        """Dispatches the run of `length` steps after `step`, with the hooks' feeds of
+        """Dispatches the run of `steps` steps after `step`, with the hooks' feeds of
         `plan` merged into `batch` and every fetch of `plan` and the caller's
         (`wanted`) computed in the same program; a quiet plan fetches nothing."""
         fed, fetches = batch, NOTHING_FETCHED
         if wanted is not None or plan.fetching:  # most runs fetch nothing
             fetches = plan.fetch_plan(wanted)
         if plan.feeds:
-            fed = _with_feeds(batch, plan.feeds, length)
-        program_steps = 1 if self._single else self._compiled.program_steps(state, length)
-        if program_steps != length:  # one program takes every run length: the batch padded to its length
-            padded = pad_run(batch, length, program_steps)
-            fed, batch = padded if fed is batch else pad_run(fed, length, program_steps), padded
+            fed = _with_feeds(batch, plan.feeds, steps)
+        program_steps = 1 if self._single else self._compiled.program_steps(state, steps)
+        if program_steps != steps:  # one program takes every run length: the batch padded to its length
+            padded = pad_run(batch, steps, program_steps)
+            fed, batch = padded if fed is batch else pad_run(fed, steps, program_steps), padded
         listed = None
         if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
             listed = len(self._compiled.lengths) > 1 and (
@@ -98,11 +98,11 @@ class Dispatch:
         if accumulators is not None:
             carry = accumulators.carry
             if carry is None:  # the first run since the state was created
-                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, program_steps, step,
-                                             _carry_sharding(state, self._placement))
+                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, program_steps=program_steps,
+                                             step=step, sharding=_carry_sharding(state, self._placement))
         try:
             result = self._compiled(fetches.key, state, fed, owners=fetches.owners, program_steps=program_steps,
-                                    steps=length, carry=carry, unfed=batch, step=step, listed=listed)
+                                    steps=steps, carry=carry, unfed=batch, step=step, listed=listed)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)
@@ -116,7 +116,7 @@ class Dispatch:
         if self.max_dispatch_ahead is not None:
             self._bound(new_state, outputs, step)
         self._last_batch, self.last_outputs = fed, outputs
-        self._last_index = length - 1 if program_steps > 1 else None
+        self._last_index = steps - 1 if program_steps > 1 else None
         if fetches is NOTHING_FETCHED:
             return RunResult(new_state, outputs)
         caller, *values = fetches.route(outputs, fetched)  # a name that is no output raises on this run

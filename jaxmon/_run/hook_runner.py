@@ -172,18 +172,18 @@ class HookRunner:
         sleeping hook wakes (inf: none). Several processes agree on these."""
         return self._quiet_step, min((deadline for _, deadline in self._deadlines), default=math.inf)
 
-    def before_run(self, session: Any, step: int, length: int, fetches: Any, batch: Any,
+    def before_run(self, session: Any, step: int, *, steps: int, fetches: Any, batch: Any,
                    wake: bool = False) -> RunPlan:
-        """Every awake hook's `before_run` for the run of `length` steps after `step`, as
+        """Every awake hook's `before_run` for the run of `steps` steps after `step`, as
         one plan; `QUIET` when every hook sleeps past it (see `Hook.next_trigger`) and
         nothing else (`wake`) needs them. `fetches` and `batch` are the caller's."""
-        if not wake and step + length < self._quiet_step:
+        if not wake and step + steps < self._quiet_step:
             for clock, deadline in self._deadlines:
                 if clock() >= deadline:
                     break
             else:
                 return QUIET
-        return self._plan(RunContext(step, session, RunArgs(fetches, batch), steps=length))
+        return self._plan(RunContext(step, session, RunArgs(fetches, batch), steps=steps))
 
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`, as one plan: the one
@@ -265,7 +265,7 @@ class HookRunner:
             caller, host = to_host((caller, [result.results[i] if result.results else None for i in now]))
             fetched = dict(zip(now, host, strict=True))
         if now:
-            self._call_after_run(plan, now, fetched, result.outputs, step, read)
+            self._call_after_run(plan, now, results=fetched, outputs=result.outputs, step=step, read=read)
         self._settle(step)
         if not self._late:  # else with the late ones, after the next run's step: one wake-up of the thread
             report_thread.flush()  # the run's reports to the report thread
@@ -296,7 +296,7 @@ class HookRunner:
             if plan.late:
                 fetched = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True)) if results \
                     else None
-                self._call_after_run(plan, plan.late, fetched, outputs, step, read)
+                self._call_after_run(plan, plan.late, results=fetched, outputs=outputs, step=step, read=read)
         report_thread.flush()
 
     def sync(self, step: int) -> None:
@@ -322,7 +322,7 @@ class HookRunner:
                 else:
                     self._warn(call.hook, "after_run", step, error)
 
-    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], results: Mapping[int, Any] | None,
+    def _call_after_run(self, plan: RunPlan, indices: tuple[int, ...], *, results: Mapping[int, Any] | None,
                         outputs: Any, step: int, read: Any) -> None:
         """The `after_run` of the calls of `plan` numbered `indices`, with their `results` (None: none fetched)."""
         plain = RunValues(None, step, outputs)

@@ -199,16 +199,17 @@ class MonitoredSession:
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
         if self.steps_per_dispatch == 1:
-            length, given = 1, batch
+            steps, given = 1, batch
         else:
-            length, batch, given = as_run(batch, self.steps_per_dispatch)
+            steps, batch, given = as_run(batch, self.steps_per_dispatch)
         (preemption := self._preemption).requested and self._runner.reschedule()  # a saver's next trigger is now
-        plan = self._runner.before_run(self, self._step, length, fetches, given, wake=wanted is not None)
-        result = self._dispatch(self._state, batch, plan, wanted, length, self._step)
-        self._state, self._step = result.state, self._step + length
+        plan = self._runner.before_run(self, self._step, steps=steps, fetches=fetches, batch=given,
+                                       wake=wanted is not None)
+        result = self._dispatch(self._state, batch, plan, wanted=wanted, steps=steps, step=self._step)
+        self._state, self._step = result.state, self._step + steps
         self._failures and self._failures.raise_first(self._step)  # a save or a report failed: stop now
         if preemption.polling or preemption.requested:  # JAX's sync point sees every step (else it does nothing)
-            for done in range(self._step - length + 1, self._step + 1):
+            for done in range(self._step - steps + 1, self._step + 1):
                 self._stopping.after_run(done)
         read = plan.readers and self._accumulators.read(self._step, plan.readers)
         caller = self._runner.after_run(plan, result, self._step, read)
@@ -245,8 +246,7 @@ class MonitoredSession:
             self._accumulators.read_now(self._step)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
-        """`fetches` (as `RunArgs.fetches`) on the state and the last run's batch and outputs, as host
-        NumPy, without a step or hooks (TF's `FinalOpsHook`); callables are jitted once per set."""
+        """`fetches` on the state and last run's batch and outputs, as host NumPy, with no step (TF's FinalOpsHook)."""
         return self._dispatch.fetch(self._state, fetches)
 
     def snapshot(self) -> Snapshot | None:

@@ -164,7 +164,7 @@ class Setup:
         self.acc = Accumulators([self.a, jm.Hook(), self.b], on_read=lambda step, values: self.delivered.append(
             (step, [(hook.name, hook_values) for hook, hook_values in values])))
         self.acc.start(0)
-        self.acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
+        self.acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
 
     def put(self, step, a, b, nan_step=-1):
         """A carry at `step` whose means are `a` and `b`, each `(sum, weight)`."""
@@ -234,7 +234,7 @@ def test_only_hooks_with_an_after_read_are_told_and_the_others_values_wait_until
     acc = Accumulators([quiet, told], on_read=lambda step, values: delivered.append(
         [(hook.name, hook_values) for hook, hook_values in values]))
     acc.start(0)
-    acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
+    acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
     means = [{"total": np.float32(total), "weight": np.float32(4)} for total in (6, 2)]
     acc.carry = jnp.asarray(acc._layout.pack_host([np.array(4, np.int32), *means]))  # as a run returns it
     read = acc.read(4, [quiet, told])
@@ -266,7 +266,7 @@ def test_update_keeps_the_old_state_while_a_skipping_reduction_refuses_it():
     hook = Reads("skip", nan=FirstNonFinite("loss", max_skips=1))
     acc = Accumulators([hook], on_read=print)
     acc.start(0)
-    carry = acc.prepare(step_fn, jnp.float32(0), {}, 1, 0, None)
+    carry = acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
     assert acc.guards
     new_carry, kept = acc.update(carry, jnp.float32(1.0), jnp.float32(2.0), {}, {"loss": jnp.float32(np.nan)})
     assert float(kept) == 1.0  # the first bad step is skipped: the old state stays

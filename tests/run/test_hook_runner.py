@@ -41,7 +41,7 @@ def result(*results, caller=None):
 
 def run(runner, step, length=1, results=(), caller=None):
     """One run after `step` as a session makes it (before_run, then after_run); its plan."""
-    plan = runner.before_run(SESSION, step, length, None, {})
+    plan = runner.before_run(SESSION, step, steps=length, fetches=None, batch={})
     runner.after_run(plan, result(*results, caller=caller), step + length)
     return plan
 
@@ -113,7 +113,7 @@ def test_before_run_plans_each_hook_that_has_an_after_run_with_its_request_norma
     feeder = FeedOnly()
     runner = HookRunner([fetching, plain, jm.Hook(), feeder, listing])
     batch = {"x": 1}
-    plan = runner.before_run(SESSION, 4, 2, ["caller"], batch)
+    plan = runner.before_run(SESSION, 4, steps=2, fetches=["caller"], batch=batch)
     hooks = [call.hook for call in plan.calls]
     assert jm.Hook not in map(type, hooks)  # the bare Hook does nothing: no call
     first, second, third = (call for call in plan.calls if call.hook is not feeder)
@@ -133,10 +133,10 @@ def test_before_run_plans_each_hook_that_has_an_after_run_with_its_request_norma
 def test_a_before_run_that_returns_no_run_args_or_bad_feeds_is_named():
     runner = HookRunner([Asking("bad", [], args={"fetches": "loss"})])
     with pytest.raises(TypeError, match=r"Asking\('bad'\).before_run returned \{'fetches': 'loss'\}"):
-        runner.before_run(SESSION, 0, 1, None, {})
+        runner.before_run(SESSION, 0, steps=1, fetches=None, batch={})
     runner = HookRunner([Asking("feeds", [], args=jm.RunArgs(feeds=[1]))])
     with pytest.raises(TypeError, match=r"feeds \[1\]; feeds must be a dict"):
-        runner.before_run(SESSION, 0, 1, None, {})
+        runner.before_run(SESSION, 0, steps=1, fetches=None, batch={})
 
 
 def test_hooks_must_be_a_list_of_hooks_with_a_valid_policy():
@@ -199,7 +199,7 @@ def test_wake_calls_every_awake_hook_on_a_run_the_hooks_sleep_through():
     runner = HookRunner([hook])
     run(runner, 0)
     assert run(runner, 1) is QUIET
-    plan = runner.before_run(SESSION, 2, 1, ["loss"], {}, wake=True)  # the caller fetches
+    plan = runner.before_run(SESSION, 2, steps=1, fetches=["loss"], batch={}, wake=True)  # the caller fetches
     assert plan is not QUIET and plan.calls == () and plan.ctx.step == 2
 
 
@@ -262,7 +262,7 @@ def test_after_run_delivers_host_values_in_their_structure_and_returns_the_calle
     named = Asking("dict", log, jm.RunArgs(fetches={"l": "loss"}))
     plain = Asking("plain", log)
     runner = HookRunner([one, listed, named, plain])
-    plan = runner.before_run(SESSION, 6, 1, "loss", {})
+    plan = runner.before_run(SESSION, 6, steps=1, fetches="loss", batch={})
     values = (jnp.float32(1.5), [jnp.float32(1.5), jnp.arange(3)], {"l": jnp.float32(1.5)}, None)
     caller = runner.after_run(plan, result(*values, caller=jnp.float32(1.5)), 7)
     assert isinstance(caller, np.ndarray) and not isinstance(caller, jax.Array) and caller == 1.5
@@ -280,7 +280,7 @@ def test_a_quiet_run_calls_no_hook_and_returns_nothing():
     hook = Waking(every=5)
     runner = HookRunner([hook])
     run(runner, 0)
-    plan = runner.before_run(SESSION, 1, 1, None, {})
+    plan = runner.before_run(SESSION, 1, steps=1, fetches=None, batch={})
     assert plan is QUIET and plan.ctx is None and plan.readers == ()
     assert runner.after_run(plan, result(), 2) is None
     assert hook.log == []
@@ -291,11 +291,11 @@ def test_late_calls_wait_for_the_next_after_run_and_come_before_its_own():
     late = Asking("late", log, jm.RunArgs(fetches="loss", late=True))
     now = Asking("now", log, jm.RunArgs(fetches="loss"))
     runner = HookRunner([late, now])
-    first = runner.before_run(SESSION, 0, 1, None, {})
+    first = runner.before_run(SESSION, 0, steps=1, fetches=None, batch={})
     runner.after_run(first, result(jnp.float32(1.0), jnp.float32(1.0)), 1)
     assert [(n, e) for n, e, _ in log] == [("late", "before_run"), ("now", "before_run"), ("now", "after_run")]
     log.clear()
-    second = runner.before_run(SESSION, 1, 1, None, {})
+    second = runner.before_run(SESSION, 1, steps=1, fetches=None, batch={})
     runner.after_run(second, result(jnp.float32(2.0), jnp.float32(2.0)), 2)
     assert log == [("late", "before_run", 1), ("now", "before_run", 1), ("late", "after_run", 1),
                    ("now", "after_run", 2)]
@@ -312,7 +312,7 @@ def test_late_calls_are_delivered_by_a_quiet_run_too():
     log = []
     late = Asking("late", log, jm.RunArgs(late=True))
     runner = HookRunner([late])
-    plan = runner.before_run(SESSION, 0, 1, None, {})
+    plan = runner.before_run(SESSION, 0, steps=1, fetches=None, batch={})
     runner.after_run(plan, result(), 1)
     assert ("late", "after_run", 1) not in log
     runner.after_run(QUIET, result(), 2)
@@ -381,13 +381,13 @@ def test_a_warn_hook_whose_before_run_fails_sits_out_that_run(caplog):
     bad = BadBefore("bad", [], on_error="warn")
     runner = HookRunner([bad])
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
-        plan = runner.before_run(SESSION, 3, 1, None, {})
+        plan = runner.before_run(SESSION, 3, steps=1, fetches=None, batch={})
     assert plan.calls == () and "Asking('bad').before_run failed at step 3" in caplog.text
 
 
 def test_a_raise_hooks_error_gets_a_note_naming_the_hook_the_event_and_the_step():
     runner = HookRunner([Failing("loud", [])])
-    plan = runner.before_run(SESSION, 41, 1, None, {})
+    plan = runner.before_run(SESSION, 41, steps=1, fetches=None, batch={})
     with pytest.raises(ValueError, match="loud broke") as raised:
         runner.after_run(plan, result(), 42)
     assert raised.value.__notes__ == ["(raised in Asking('loud').after_run at step 42)"]
