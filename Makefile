@@ -36,7 +36,8 @@ train: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/core_overhead.py --steps 2000 --repeats 9
 	$(PY) benchmarks/host_cost.py --rounds 7
-	$(PY) benchmarks/trigger_pair.py --base a896107 --rounds 6
+	$(PY) benchmarks/trigger_pair.py --base baa03a3 --rounds 4 --cycles 30
+	$(PY) benchmarks/step_pair.py --base baa03a3 --rounds 5 --cycles 20 --steps 500
 	$(PY) benchmarks/hooks_overhead.py --steps 2000 --rounds 21
 	$(PY) benchmarks/steps_per_dispatch.py --rounds 11
 	$(PY) benchmarks/steps_per_dispatch.py --workload large --steps 320 --rounds 11

@@ -81,6 +81,15 @@ def test_trigger_pair_times_this_checkout_and_a_commit_in_one_process():
     assert report["base"] == "HEAD"
 
 
+def test_step_pair_times_the_bare_loop_and_both_trees_in_one_process():
+    result = run("step_pair.py", "--base", "HEAD", "--rounds", "1", "--cycles", "3", "--steps", "20", "--warmup", "5")
+    report = json.loads(result.stdout)
+    [figures] = report["rounds"]
+    assert all(figures[f"{loop}_us"] > 0 for loop in ("bare", "base", "this"))  # each loop ran and was timed
+    assert abs(figures["this_over_bare"] - figures["this_us"] / figures["bare_us"]) < 0.01
+    assert sorted(report["median"]) == sorted(figures) and report["base"] == "HEAD"
+
+
 def test_host_cost_times_the_main_thread_of_every_variant():
     result = run("host_cost.py", "--steps", "200", "--warmup", "50", "--rounds", "1")
     report = json.loads(result.stdout)
