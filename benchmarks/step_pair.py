@@ -23,36 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from trigger_pair import unpack_base
+from trigger_pair import default_sets, run_rounds
 
 
 def one_round(base_dir: str, cycles: int, steps: int, warmup: int) -> dict[str, float]:
     """One process: the three loops, `cycles` blocks of `steps` steps each, rotating."""
-    import itertools
     import time
 
-    sys.path.insert(0, base_dir)
     import jax
-    import jaxmon_base
     from core_overhead import make_workload
-    from rotating import format_logs_into_void
 
-    import jaxmon
-
-    format_logs_into_void()
-    init_fn, step_fn, batch = make_workload()
-
-    def session(jm, directory):
-        hooks = [jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss")]
-        return jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=directory, save_checkpoint_secs=600,
-                                           hooks=hooks, data=itertools.repeat(batch))
-
+    init_fn, step_fn, batch = workload = make_workload()
     bare_step, bare_state = jax.jit(step_fn, donate_argnums=0), [init_fn()]
 
     def run_bare(n):
@@ -64,8 +48,7 @@ def one_round(base_dir: str, cycles: int, steps: int, warmup: int) -> dict[str, 
 
     times: dict[str, list[float]] = {"bare": [], "base": [], "this": []}
     with tempfile.TemporaryDirectory() as directory:
-        sessions = {"base": session(jaxmon_base, os.path.join(directory, "base")),
-                    "this": session(jaxmon, os.path.join(directory, "this"))}
+        sessions = default_sets(base_dir, workload, directory)
 
         def run_session(name, n):
             sess = sessions[name]
@@ -102,14 +85,8 @@ def main() -> None:
     if args.round:
         print(json.dumps(one_round(args.round, args.cycles, args.steps, args.warmup)))
         return
-    with tempfile.TemporaryDirectory() as base_dir:
-        unpack_base(args.base, pathlib.Path(base_dir))
-        rounds = []
-        for _ in range(args.rounds):
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--base", args.base, "--round", base_dir,
-                                  "--cycles", str(args.cycles), "--steps", str(args.steps),
-                                  "--warmup", str(args.warmup)], check=True, capture_output=True, text=True).stdout
-            rounds.append(json.loads(out.splitlines()[-1]))
+    rounds = run_rounds(os.path.abspath(__file__), args.base, args.rounds, "--cycles", str(args.cycles),
+                        "--steps", str(args.steps), "--warmup", str(args.warmup))
     print(json.dumps({"base": args.base, "clock": "wall time per step, blocks ended by block_until_ready",
                       "rounds": rounds, "median": {key: round(statistics.median(r[key] for r in rounds), 3)
                                                    for key in rounds[0]}}, indent=1))

@@ -57,30 +57,51 @@ def unpack_base(commit: str, into: pathlib.Path) -> None:
         path.write_text(text)
 
 
-def one_round(base_dir: str, cycles: int, warmup: int) -> dict[str, float]:
-    """One process: both trees' sessions, `cycles` blocks of 100 steps each, alternating."""
+def default_sets(base_dir: str, workload: tuple, directory: str) -> dict:
+    """The default set's session (`MonitoredTrainingSession`'s hooks + `LoggingHook` and
+    `NanHook`, one step per run) on `workload` (init_fn, step_fn, batch), built with the
+    base commit's `jaxmon` (unpacked in `base_dir`) and with this checkout's."""
     import itertools
-    import time
 
     sys.path.insert(0, base_dir)
     import jaxmon_base
-    from core_overhead import make_scalar_workload
     from rotating import format_logs_into_void
 
     import jaxmon
 
     format_logs_into_void()
-    init_fn, step_fn, batch = make_scalar_workload()
+    init_fn, step_fn, batch = workload
 
-    def session(jm, directory):
+    def session(jm, name):
         hooks = [jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss")]
-        return jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=directory, save_checkpoint_secs=600,
-                                           hooks=hooks, data=itertools.repeat(batch))
+        return jm.MonitoredTrainingSession(step_fn, init_fn, checkpoint_dir=os.path.join(directory, name),
+                                           save_checkpoint_secs=600, hooks=hooks, data=itertools.repeat(batch))
+
+    return {"base": session(jaxmon_base, "base"), "this": session(jaxmon, "this")}
+
+
+def run_rounds(script: str, base: str, rounds: int, *args: str) -> list[dict]:
+    """`rounds` processes of `script --round BASE_DIR ARGS`, one after the other, with
+    `base`'s `jaxmon` unpacked for them; each one's last line of JSON."""
+    results = []
+    with tempfile.TemporaryDirectory() as base_dir:
+        unpack_base(base, pathlib.Path(base_dir))
+        for _ in range(rounds):
+            out = subprocess.run([sys.executable, script, "--base", base, "--round", base_dir, *args],
+                                 check=True, capture_output=True, text=True).stdout
+            results.append(json.loads(out.splitlines()[-1]))
+    return results
+
+
+def one_round(base_dir: str, cycles: int, warmup: int) -> dict[str, float]:
+    """One process: both trees' sessions, `cycles` blocks of 100 steps each, alternating."""
+    import time
+
+    from core_overhead import make_scalar_workload
 
     runs: dict[str, dict[int, list[float]]] = {"base": {}, "this": {}}
     with tempfile.TemporaryDirectory() as directory:
-        sessions = {"base": session(jaxmon_base, os.path.join(directory, "base")),
-                    "this": session(jaxmon, os.path.join(directory, "this"))}
+        sessions = default_sets(base_dir, make_scalar_workload(), directory)
         for sess in sessions.values():
             for _ in range(warmup):
                 sess.run()
@@ -119,14 +140,8 @@ def main() -> None:
     if args.round:
         print(json.dumps(one_round(args.round, args.cycles, args.warmup)))
         return
-    with tempfile.TemporaryDirectory() as base_dir:
-        unpack_base(args.base, pathlib.Path(base_dir))
-        rounds = []
-        for _ in range(args.rounds):
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--base", args.base, "--round", base_dir,
-                                  "--cycles", str(args.cycles), "--warmup", str(args.warmup)],
-                                 check=True, capture_output=True, text=True).stdout
-            rounds.append(json.loads(out.splitlines()[-1]))
+    rounds = run_rounds(os.path.abspath(__file__), args.base, args.rounds, "--cycles", str(args.cycles),
+                        "--warmup", str(args.warmup))
     ratios = {key: round(statistics.median(r[key] for r in rounds), 3)
               for key in ("run_on_step_100n", "run_after_it", "quiet_run")}
     print(json.dumps({"base": args.base, "clock": "time.thread_time() of the main thread", "rounds": rounds,
