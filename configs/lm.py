@@ -36,6 +36,8 @@ def get_config() -> dict:
             "num_heads": 4,
             "embed_dim": 64,
             "mlp_dim": 256,
+            "dtype": "float32",  # the computation's dtype: "bfloat16" on a GPU or TPU (softmax, logits: float32)
+            "param_dtype": "float32",  # the parameters' dtype (the optimizer keeps its state in it)
         },
         "task": "lm",  # next-token cross-entropy, targets 0 masked; eval loss = sum of losses / tokens
         "optimizer": {

@@ -82,15 +82,15 @@ _DENSE_INIT = nn.initializers.lecun_normal()
 _ZEROS, _ONES = nn.initializers.zeros_init(), nn.initializers.ones_init()
 
 
-def _dense(features: int, names: tuple[str, str], dtype: Any, name: str) -> nn.Dense:
+def _dense(features: int, names: tuple[str, str], dtype: Any, name: str, param_dtype: Any = jnp.float32) -> nn.Dense:
     """A `Dense(features)` whose kernel has the logical axes `names` (in, out), its bias the last."""
-    return nn.Dense(features, dtype=dtype, name=name, kernel_init=_partitioned(_DENSE_INIT, *names),
-                    bias_init=_partitioned(_ZEROS, names[-1]))
+    return nn.Dense(features, dtype=dtype, param_dtype=param_dtype, name=name,
+                    kernel_init=_partitioned(_DENSE_INIT, *names), bias_init=_partitioned(_ZEROS, names[-1]))
 
 
-def _layer_norm(dtype: Any, name: str) -> nn.LayerNorm:
+def _layer_norm(dtype: Any, name: str, param_dtype: Any = jnp.float32) -> nn.LayerNorm:
     """A LayerNorm over the embedding axis, its scale and bias named "embed"."""
-    return nn.LayerNorm(dtype=dtype, name=name, scale_init=_partitioned(_ONES, "embed"),
+    return nn.LayerNorm(dtype=dtype, param_dtype=param_dtype, name=name, scale_init=_partitioned(_ONES, "embed"),
                         bias_init=_partitioned(_ZEROS, "embed"))
 
 
@@ -105,29 +105,35 @@ class _DenseGeneral(nn.Module):
     names: tuple[str, ...]
     dtype: Any = jnp.float32
     use_bias: bool = True
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         n_in = len(self.names) - len(self.features)
         contracted = tuple(range(n_in))
         init = nn.initializers.lecun_normal(in_axis=contracted, out_axis=tuple(range(n_in, len(self.names))))
-        kernel = self.param("kernel", _partitioned(init, *self.names), x.shape[-n_in:] + tuple(self.features))
+        kernel = self.param("kernel", _partitioned(init, *self.names), x.shape[-n_in:] + tuple(self.features),
+                            self.param_dtype)
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
         y = jnp.tensordot(x, kernel, axes=(tuple(range(x.ndim - n_in, x.ndim)), contracted))
         if not self.use_bias:
             return y
-        bias = self.param("bias", _partitioned(_ZEROS, *self.names[n_in:]), tuple(self.features)).astype(y.dtype)
+        bias = self.param("bias", _partitioned(_ZEROS, *self.names[n_in:]), tuple(self.features),
+                          self.param_dtype).astype(y.dtype)
         return y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
 
 
 class _CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: q, k, v of shape (batch, length, heads, kv),
-    each position attending to itself and the positions before it. The keys have no
+    each position attending to itself and the positions before it, through
+    `jax.nn.dot_product_attention` (cuDNN's fused attention on a GPU where the shapes
+    allow, XLA's elsewhere; the scores and their softmax in float32). The keys have no
     bias: it would add the same amount to each of a query's scores, which the softmax
     ignores (its gradient is zero but for rounding, which Adam would amplify)."""
 
     num_heads: int
     dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -139,17 +145,13 @@ class _CausalSelfAttention(nn.Module):
 
         def project(name: str) -> jnp.ndarray:
             dense = _DenseGeneral((self.num_heads, head_dim), ("embed", "heads", "kv"), self.dtype,
-                                  use_bias=name != "key", name=name)
+                                  use_bias=name != "key", param_dtype=self.param_dtype, name=name)
             return nn.with_logical_constraint(dense(x), ("batch", "length", "heads", "kv"))
 
         q, k, v = project("query"), project("key"), project("value")
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(head_dim)
-        length = x.shape[1]
-        causal = jnp.tril(jnp.ones((1, 1, length, length), bool))
-        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-        heads = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-        return _DenseGeneral((embed_dim,), ("heads", "kv", "embed"), self.dtype, name="out")(heads)
+        heads = jax.nn.dot_product_attention(q, k, v, scale=1 / np.sqrt(head_dim), is_causal=True)
+        return _DenseGeneral((embed_dim,), ("heads", "kv", "embed"), self.dtype, param_dtype=self.param_dtype,
+                             name="out")(heads)
 
 
 class _Block(nn.Module):
@@ -158,16 +160,18 @@ class _Block(nn.Module):
     num_heads: int
     mlp_dim: int
     dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        embed_dim = x.shape[-1]
-        attention = _CausalSelfAttention(self.num_heads, self.dtype, name="attention")
-        x = x + attention(_layer_norm(self.dtype, "attention_norm")(x))
+        embed_dim, dtype, param_dtype = x.shape[-1], self.dtype, self.param_dtype
+        attention = _CausalSelfAttention(self.num_heads, dtype, param_dtype, name="attention")
+        x = x + attention(_layer_norm(dtype, "attention_norm", param_dtype)(x))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        h = _dense(self.mlp_dim, ("embed", "mlp"), self.dtype, "mlp_in")(_layer_norm(self.dtype, "mlp_norm")(x))
+        h = _dense(self.mlp_dim, ("embed", "mlp"), dtype, "mlp_in", param_dtype)(
+            _layer_norm(dtype, "mlp_norm", param_dtype)(x))
         h = nn.with_logical_constraint(nn.gelu(h), ("batch", "length", "mlp"))
-        h = _dense(embed_dim, ("mlp", "embed"), self.dtype, "mlp_out")(h)
+        h = _dense(embed_dim, ("mlp", "embed"), dtype, "mlp_out", param_dtype)(h)
         return nn.with_logical_constraint(x + h, ("batch", "length", "embed"))
 
 
@@ -190,8 +194,9 @@ class Transformer(nn.Module):
       num_heads: attention heads per block (they divide `embed_dim`).
       embed_dim: the width of the residual stream.
       mlp_dim: the width of each block's hidden MLP layer.
-      dtype: the computation dtype (parameters stay float32; the attention softmax
-        and the returned logits are float32).
+      dtype: the computation dtype, a dtype or its name ("bfloat16"); the attention
+        scores and softmax and the returned logits are float32 whatever it is.
+      param_dtype: the parameters' dtype, a dtype or its name (default float32).
 
     Example (shapes only: `jax.eval_shape` runs nothing):
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -216,6 +221,7 @@ class Transformer(nn.Module):
     embed_dim: int = 64
     mlp_dim: int = 256
     dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
@@ -225,14 +231,27 @@ class Transformer(nn.Module):
             raise ValueError(f"Transformer takes int tokens of shape (batch, length) with length <= "
                              f"max_len={self.max_len}; got shape {tokens.shape}. Give a larger max_len or "
                              "shorter rows.")
-        embed = nn.Embed(self.vocab_size, self.embed_dim, dtype=self.dtype, name="embed",
+        dtype, param_dtype = _dtype(self.dtype, "dtype"), _dtype(self.param_dtype, "param_dtype")
+        embed = nn.Embed(self.vocab_size, self.embed_dim, dtype=dtype, param_dtype=param_dtype, name="embed",
                          embedding_init=_partitioned(nn.initializers.normal(1.0), "vocab", "embed"))
         position = self.param("position", _partitioned(nn.initializers.normal(0.02), "length", "embed"),
-                              (self.max_len, self.embed_dim))
-        x = embed(tokens) + jnp.asarray(position[None, :tokens.shape[1]], self.dtype)
+                              (self.max_len, self.embed_dim), param_dtype)
+        x = embed(tokens) + jnp.asarray(position[None, :tokens.shape[1]], dtype)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
         for i in range(self.num_layers):
-            x = _Block(self.num_heads, self.mlp_dim, self.dtype, name=f"block_{i}")(x)
-        x = _layer_norm(self.dtype, "final_norm")(x)
-        logits = _dense(self.vocab_size, ("embed", "vocab"), self.dtype, "readout")(x)
+            x = _Block(self.num_heads, self.mlp_dim, dtype, param_dtype, name=f"block_{i}")(x)
+        x = _layer_norm(dtype, "final_norm", param_dtype)(x)
+        logits = _dense(self.vocab_size, ("embed", "vocab"), dtype, "readout", param_dtype)(x)
         return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def _dtype(value: Any, name: str) -> np.dtype:
+    """`value` as a floating dtype: a dtype, or its name ("bfloat16", "float32")."""
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"Transformer {name}={value!r} is not a floating dtype; give one such as \"float32\", "
+                         "\"bfloat16\" or \"float16\".")
+    return dtype

@@ -243,3 +243,54 @@ def test_lm_config_builds_its_model_and_data():
     logits = jax.eval_shape(lambda: model.apply(model.init(jax.random.PRNGKey(0), test["x"][:2]), test["x"][:2]))
     assert logits.shape == (2, data_config["seq_len"], PYTHON_TEXT_VOCAB)
     assert config["optimizer"]["learning_rate"]["decay_steps"] == config["steps"]
+
+
+# -- attention and dtypes ------------------------------------------------------------------------
+
+
+def softmax_attention(q, k, v):
+    """The reference: causal softmax attention written out, scores and softmax in float32."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+    length = q.shape[1]
+    scores = jnp.where(jnp.tril(jnp.ones((1, 1, length, length), bool)), scores, jnp.finfo(jnp.float32).min)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1).astype(q.dtype), v)
+
+
+def test_the_attention_matches_the_softmax_reference():
+    from jaxmon.models import _CausalSelfAttention
+
+    attention = _CausalSelfAttention(num_heads=4)
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 9, 16))
+    params = nn.meta.unbox(attention.init(jax.random.PRNGKey(0), x)["params"])
+
+    def project(name):
+        out = jnp.tensordot(x, params[name]["kernel"], axes=((2,), (0,)))
+        return out + params[name]["bias"][None, None] if "bias" in params[name] else out
+
+    heads = softmax_attention(project("query"), project("key"), project("value"))
+    expected = jnp.tensordot(heads, params["out"]["kernel"], axes=((2, 3), (0, 1))) + params["out"]["bias"][None, None]
+    np.testing.assert_allclose(attention.apply({"params": params}, x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_transformer_takes_dtypes_by_name_and_keeps_its_logits_in_float32():
+    tokens = jnp.ones((2, 6), jnp.int32)
+    model = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2,
+                        dtype="bfloat16", param_dtype="bfloat16")
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens)["params"])
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    logits = model.apply({"params": params}, tokens)
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 6, 11) and bool(jnp.isfinite(logits).all())
+    mixed = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2,
+                        dtype="bfloat16")  # bfloat16 compute on float32 parameters
+    params = nn.meta.unbox(mixed.init(jax.random.PRNGKey(0), tokens)["params"])
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    full = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2)
+    np.testing.assert_allclose(mixed.apply({"params": params}, tokens), full.apply({"params": params}, tokens),
+                               atol=0.1)  # bfloat16 keeps ~3 significant digits
+
+
+@pytest.mark.parametrize("bad", ["bf16", "int32"])
+def test_a_dtype_that_is_not_a_floating_one_is_named(bad):
+    model = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2, dtype=bad)
+    with pytest.raises(ValueError, match=rf"Transformer dtype='{bad}' is not a floating dtype"):
+        model.init(jax.random.PRNGKey(0), jnp.ones((2, 6), jnp.int32))

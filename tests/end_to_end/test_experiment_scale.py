@@ -74,6 +74,25 @@ def test_check_prints_the_lm_configs_parameters_mesh_shardings_batch_memory_and_
         assert expected in out, (expected, out[-3000:])
 
 
+def test_check_and_a_short_training_in_bfloat16_from_the_command_line(tmp_path):
+    done = jaxmon("check", "--config", "configs/lm.py", "--config.model.dtype=bfloat16", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"dtype": "bfloat16"' in done.stdout and "compile time:" in done.stdout
+    workdir = tmp_path / "bf16"
+    done = jaxmon("train", "--config", "configs/lm.py", *SHORT, "--config.model.dtype=bfloat16",
+                  "--workdir", str(workdir), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    losses = train_losses(workdir)
+    assert max(losses) == 20 and all(np.isfinite(list(losses.values())))
+    assert losses[20] < losses[min(losses)]  # it learned in bfloat16
+    assert {leaf.dtype for leaf in final_params(workdir).values()} == {np.dtype(np.float32)}  # param_dtype
+
+
+def test_a_dtype_that_is_no_dtype_is_refused_with_its_name():
+    done = jaxmon("check", "--config", "configs/lm.py", "--config.model.dtype=bf16", timeout=300)
+    assert done.returncode == 2 and "dtype='bf16' is not a floating dtype" in done.stderr, done.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def fsdp_check():
     done = jaxmon("check", "--config", "configs/lm_fsdp.py", "--json", devices=8, timeout=300)
