@@ -6,6 +6,7 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
 from jaxmon._experiment.sections import hooks_of, session_args_of
+from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
 
@@ -76,6 +78,7 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
     Returns:
       The final evaluation on the eval split: `{"step": ..., "loss": ..., <metrics>}`.
     """
+    began, process = time.perf_counter(), time_spent.process_seconds()
     created = _check_workdir(workdir)
     try:  # a refusal (ConfigError) before training removes the directories this call created
         try:
@@ -87,11 +90,18 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
         if compilation_cache is not False:
             use_compilation_cache(os.path.join(workdir, "compilation_cache") if compilation_cache is True
                                   else compilation_cache)
+        built = time.perf_counter()
         session = _open_session(experiment)
+        opened = time.perf_counter()
     except ConfigError:
         _remove_created(os.fspath(workdir), created)
         raise
-    return _run(experiment, session, report)
+    before = {"imports and config": process or 0.0, "data and model": built - began}
+
+    def start_up() -> str:
+        return _start_up(before, session, opened - built, total=time.perf_counter() - began + (process or 0.0))
+
+    return _run(experiment, session, report, start_up)
 
 
 def _check_workdir(workdir: str | os.PathLike) -> list[str]:
@@ -220,19 +230,33 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                        chief_only_hooks, evals, session_args, parts.layout)
 
 
-def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Callable[[str], None]) -> dict[str, Any]:
+def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Callable[[str], None],
+         start_up: Callable[[], str]) -> dict[str, Any]:
     """Trains `experiment` in its `session` to its last step (resumed if it could),
     then evaluates the final state on the eval split, unless the session stopped early.
+    The first run is followed by the start-up line (`start_up()`).
 
     Returns:
       `train_experiment`'s result.
     """
     _report_resume(session, experiment, report)
     with session:
+        if not session.should_stop():
+            session.run()
+            report(start_up())
         while not session.should_stop():
             session.run()
     stopped = _stopped_early(session, report)
     return stopped if stopped is not None else _final_evaluation(experiment, session, report)
+
+
+def _start_up(before: dict[str, float], session: MonitoredTrainingSession, session_secs: float, *,
+              total: float) -> str:
+    """The start-up line: the seconds from the process's start (where the OS says when
+    it was; else from `train_experiment`) to the first step, and where they went."""
+    parts = time_spent.start_up(before, session.time_spent.secs, session_secs, total)
+    shown = ", ".join(f"{name} {secs:.2f} s" for name, secs in parts.items())
+    return f"Step {session.step} after {total:.2f} s: {shown}."
 
 
 def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:

@@ -87,6 +87,36 @@ def recorded_seconds(record: dict[str, Any]) -> dict[str, float]:
             for category in {**before, **spent}}
 
 
+def process_seconds() -> float | None:
+    """Wall seconds since this process started (None where the OS does not say: Linux's
+    /proc does)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started = int(stat.read().rpartition(")")[2].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as uptime:
+            return float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_up(before: Mapping[str, float], secs: Mapping[str, float], session_secs: float,
+             total: float) -> dict[str, float]:
+    """Where the seconds to a run's first step went, every one of `total` counted once.
+
+    Args:
+      before: the seconds before the session, by part (imports and config, data and model).
+      secs: the session's seconds by category at its first step (`TimeSpent.secs`).
+      session_secs: the seconds the session's creation took (its state and checkpoint 0
+        among them).
+      total: the seconds from the process's start to the first step.
+    """
+    parts = {**before, "state": secs["restore"], "checkpoint 0": secs["checkpoint"],
+             "session set-up": max(0.0, session_secs - secs["restore"] - secs["checkpoint"]),
+             "compile": secs["compile"], "first evaluation": secs["evaluation"]}
+    parts["the rest"] = max(0.0, total - sum(parts.values()))
+    return parts
+
+
 def category_of(hook: Any) -> str:
     """The category of `hook`'s time: its class's `time_category` ("checkpoint" for a
     checkpoint saver, "evaluation" for an `EvalHook`), else "hooks"."""
