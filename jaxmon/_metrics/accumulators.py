@@ -51,12 +51,16 @@ class _Layout:
                 for i in (range(len(self._treedefs)) if indices is None else indices)]
 
     def pack(self, trees: list[Any]) -> jax.Array:
-        parts = []
+        """The trees as one int32 array (traced), each leaf written at its offset: a chain
+        of updates XLA fuses into one loop, where a concatenate of as many parts is not
+        fused on the CPU and costs the step tens of µs."""
+        carry = jnp.zeros(self.size, jnp.int32)
         for tree, fields in zip(trees, self._fields, strict=True):
-            for leaf, (_, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
+            for leaf, (offset, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
                 leaf = jnp.asarray(leaf, dtype).reshape(-1)
-                parts.append(jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf)
-        return jnp.concatenate(parts)
+                bits = jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf
+                carry = jax.lax.dynamic_update_slice(carry, bits, (offset,))
+        return carry
 
     def unpack(self, carry: jax.Array) -> list[Any]:
         def field(offset, shape, dtype, size):

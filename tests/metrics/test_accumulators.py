@@ -180,6 +180,19 @@ class Setup:
         return float(a["total"]), float(b["total"]), int(nan["step"])
 
 
+def test_a_steps_update_writes_the_carry_without_a_concatenate():
+    """XLA's CPU backend does not fuse a concatenate of many parts (one per leaf): the carry
+    is written as a chain of updates, which it fuses (benchmarks/RESULTS.md, step_pair.py)."""
+    setup = Setup()
+    carry = jnp.zeros(setup.acc._layout.size, jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda carry: setup.acc.update(carry, jnp.float32(1), jnp.float32(2), {},
+                                                          {"loss": jnp.float32(1)}))(carry)
+    primitives = {equation.primitive.name for equation in jaxpr.jaxpr.eqns}
+    assert "concatenate" not in primitives and "dynamic_update_slice" in primitives, primitives
+    new_carry, _ = setup.acc.update(carry, jnp.float32(1), jnp.float32(2), {}, {"loss": jnp.float32(1)})
+    assert setup.acc._layout.unpack_host(np.asarray(new_carry))[0] == 1  # the step, then each leaf at its place
+
+
 def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
     setup = Setup()
     assert setup.acc.active and setup.acc._hooks == [setup.a, setup.b]
