@@ -98,11 +98,13 @@ class CompiledStep:
     accident. `evaluate` computes fetches on a given state, batch and outputs without
     a step.
 
-    With several run `lengths`, the first call of a key also compiles that key's
-    other lengths, and those of the key without fetches (the runs that every hook
-    sleeps through), ahead of time in a background thread while the first runs
-    execute: a run cut short for a trigger, or by the end of the data, finds its
-    program compiled (or waits only for the rest of its compilation).
+    With several run `lengths`, each is compiled when a run first needs it, no
+    earlier: the first call of a key compiles its program, and its one-step program
+    (and that of the key without fetches, for the runs every hook sleeps through) in a
+    background thread; a later run of a length not compiled yet starts that length's
+    compilation in the background and runs its steps one by one meanwhile, so no run
+    waits for a compile but the first of a key, and only the lengths the hooks'
+    schedules produce are compiled.
 
     `unroll` is the session's `scan_unroll`: how far the `lax.scan` of a run of several
     steps is unrolled ("auto": see `_scan_unroll.resolve_scan_unroll`, decided at the
@@ -191,8 +193,11 @@ class CompiledStep:
             self.program_steps(state, program_steps)
             self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
                                and convolves(self.traced_step_fn, abstract(state), one_step(batch, program_steps)))
-        variant = self._variant(key, owners, program_steps)
         ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
+        if program_steps > 1 and self._ready(key, 1) and not self.constrained:  # a length the runs need now
+            self._compile_ahead(key, owners, ahead, batch, program_steps, listed, lengths=(program_steps,))
+            return self._step_by_step(key, state, batch, program_steps, carry)
+        variant = self._variant(key, owners, program_steps)
         started = time.perf_counter()
         result = variant(*arguments)
         took = time.perf_counter() - started
@@ -200,10 +205,11 @@ class CompiledStep:
         compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
                          "up to "[:len(arguments) == 4 and 6], program_steps, "s"[:program_steps != 1], len(key),
                          "s"[:len(key) != 1], took)
-        if ahead:
-            self._compile_ahead(key, owners, ahead, batch, program_steps, listed)
+        if ahead:  # the one-step programs that let a later run of a new length go step by step
+            self._compile_ahead(key, owners, ahead, batch, program_steps, listed, lengths=(1,))
             if key:
-                self._compile_ahead((), {}, ahead, batch if unfed is None else unfed, program_steps, listed)
+                self._compile_ahead((), {}, ahead, batch if unfed is None else unfed, program_steps, listed,
+                                    lengths=(1,))
         return result
 
     def _ready(self, key: tuple[FetchSpec, ...], length: int) -> bool:
@@ -235,9 +241,10 @@ class CompiledStep:
         return variant
 
     def _compile_ahead(self, key: tuple[FetchSpec, ...], owners: Mapping[FetchSpec, object], arguments: tuple,
-                       batch: Any, length: int, listed: bool | None = None) -> None:
-        """Compiles `key` for every run length it has no program for yet, in the background."""
-        todo = [n for n in self.lengths if (key, n) not in self._variants]
+                       batch: Any, length: int, listed: bool | None = None, *, lengths: Sequence[int]) -> None:
+        """Compiles `key` for those of `lengths` it has no program for yet, in the background
+        (`batch`, of a run of `length` steps, shows the batches' structure)."""
+        todo = [n for n in lengths if (key, n) not in self._variants]
         if not todo:
             return
         if self._pool is None:

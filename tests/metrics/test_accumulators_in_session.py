@@ -290,8 +290,10 @@ def slow_step(state, batch):
     return x, {"loss": x[0, 0] + batch["x"]}
 
 
-@pytest.mark.parametrize("k", [1, 8])
-def test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_waiting(k, tmp_path):
+@pytest.mark.parametrize(("k", "scan_unroll"), [(1, "auto"), (8, "auto"), (1, 1), (8, 1)])
+def test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_waiting(k, scan_unroll, tmp_path):
+    """For every run length and both program choices: the CPU's one program for every
+    length ("auto"), and the accelerators' one program per length (scan_unroll=1)."""
     one = jax.jit(slow_step)
     state = jnp.eye(SIZE, dtype=jnp.float32) * 0.5
     batch = {"x": np.float32(1.0)}
@@ -299,7 +301,7 @@ def test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_wai
 
     data = iter(lambda: batch, None)
     with jm.MonitoredTrainingSession(slow_step, lambda: jnp.eye(SIZE, dtype=jnp.float32) * 0.5, data=data,
-                                     checkpoint_dir=tmp_path, steps_per_dispatch=k,
+                                     checkpoint_dir=tmp_path, steps_per_dispatch=k, scan_unroll=scan_unroll,
                                      hooks=[jm.LoggingHook(["loss"], every_n_iter=100), jm.NanHook("loss")]) as sess:
         for _ in range(3):  # the first triggers (summaries at step 1, the first log line and read) and compiles
             sess.run()
