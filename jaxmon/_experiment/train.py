@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import logging
 import os
 import shutil
 import time
@@ -24,6 +25,8 @@ from jaxmon._experiment.sections import hooks_of, session_args_of
 from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
+
+logger = logging.getLogger("jaxmon")
 
 __all__ = ["SAME_RUN", "TOP_LEVEL", "train_experiment", "use_compilation_cache"]
 
@@ -92,14 +95,16 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
                                   else compilation_cache)
         built = time.perf_counter()
         session = _open_session(experiment)
-        opened = time.perf_counter()
+        opened, created = time.perf_counter(), dict(session.time_spent.secs)
     except ConfigError:
         _remove_created(os.fspath(workdir), created)
         raise
     before = {"imports and config": process or 0.0, "data and model": built - began}
 
     def start_up() -> str:
-        return _start_up(before, session, opened - built, total=time.perf_counter() - began + (process or 0.0))
+        total = time.perf_counter() - began + (process or 0.0)
+        parts = time_spent.start_up(before, created, opened - built, session.time_spent.secs, total)
+        return f"Step {session.step} after {total:.2f} s: {', '.join(f'{k} {v:.2f} s' for k, v in parts.items())}."
 
     return _run(experiment, session, report, start_up)
 
@@ -234,7 +239,9 @@ def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Cal
          start_up: Callable[[], str]) -> dict[str, Any]:
     """Trains `experiment` in its `session` to its last step (resumed if it could),
     then evaluates the final state on the eval split, unless the session stopped early.
-    The first run is followed by the start-up line (`start_up()`).
+    The first run is followed by the start-up line (`start_up()`, logged): the seconds
+    from the process's start (where the OS says when it was; else from
+    `train_experiment`) to the first step, and where they went.
 
     Returns:
       `train_experiment`'s result.
@@ -243,20 +250,11 @@ def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Cal
     with session:
         if not session.should_stop():
             session.run()
-            report(start_up())
+            logger.info(start_up())
         while not session.should_stop():
             session.run()
     stopped = _stopped_early(session, report)
     return stopped if stopped is not None else _final_evaluation(experiment, session, report)
-
-
-def _start_up(before: dict[str, float], session: MonitoredTrainingSession, session_secs: float, *,
-              total: float) -> str:
-    """The start-up line: the seconds from the process's start (where the OS says when
-    it was; else from `train_experiment`) to the first step, and where they went."""
-    parts = time_spent.start_up(before, session.time_spent.secs, session_secs, total)
-    shown = ", ".join(f"{name} {secs:.2f} s" for name, secs in parts.items())
-    return f"Step {session.step} after {total:.2f} s: {shown}."
 
 
 def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:

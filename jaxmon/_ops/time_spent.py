@@ -99,20 +99,25 @@ def process_seconds() -> float | None:
         return None
 
 
-def start_up(before: Mapping[str, float], secs: Mapping[str, float], session_secs: float,
-             total: float) -> dict[str, float]:
+def start_up(before: Mapping[str, float], created: Mapping[str, float], session_secs: float,
+             secs: Mapping[str, float], total: float) -> dict[str, float]:
     """Where the seconds to a run's first step went, every one of `total` counted once.
 
     Args:
       before: the seconds before the session, by part (imports and config, data and model).
-      secs: the session's seconds by category at its first step (`TimeSpent.secs`).
+      created: the session's seconds by category once it was created (`TimeSpent.secs`).
       session_secs: the seconds the session's creation took (its state and checkpoint 0
         among them).
+      secs: the session's seconds by category at its first step.
       total: the seconds from the process's start to the first step.
     """
-    parts = {**before, "state": secs["restore"], "checkpoint 0": secs["checkpoint"],
-             "session set-up": max(0.0, session_secs - secs["restore"] - secs["checkpoint"]),
-             "compile": secs["compile"], "first evaluation": secs["evaluation"]}
+    def first_run(*categories: str) -> float:
+        return sum(secs[category] - created[category] for category in categories)
+
+    parts = {**before, "state": created["restore"], "checkpoint 0": created["checkpoint"],
+             "session set-up": max(0.0, session_secs - created["restore"] - created["checkpoint"]),
+             "compile": first_run("compile"), "first evaluation": first_run("evaluation"),
+             "first batch and hooks": first_run("data", "hooks", "checkpoint", "restore")}
     parts["the rest"] = max(0.0, total - sum(parts.values()))
     return parts
 

@@ -5,6 +5,7 @@ ahead, and the last run kept for `fetch`."""
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,6 +53,7 @@ class Dispatch:
         self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
                                       accumulate=self._accumulators and self._accumulators.update,
                                       unroll=scan_unroll, spent=spent)
+        self._spent = spent
         self._placement = placement
         self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
         self.max_dispatch_ahead = max_dispatch_ahead
@@ -97,9 +99,12 @@ class Dispatch:
         accumulators, carry = self._accumulators, None
         if accumulators is not None:
             carry = accumulators.carry
-            if carry is None:  # the first run since the state was created
+            if carry is None:  # the first run since the state was created: traces the step for the shapes
+                started = time.perf_counter()
                 carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, program_steps=program_steps,
                                              step=step, sharding=_carry_sharding(state, self._placement))
+                if self._spent is not None:
+                    self._spent["compile"] += time.perf_counter() - started
         try:
             result = self._compiled(fetches.key, state, fed, owners=fetches.owners, program_steps=program_steps,
                                     steps=steps, carry=carry, unfed=batch, step=step, listed=listed)
