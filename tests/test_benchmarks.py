@@ -90,6 +90,15 @@ def test_step_pair_times_the_bare_loop_and_both_trees_in_one_process():
     assert sorted(report["median"]) == sorted(figures) and report["base"] == "HEAD"
 
 
+def test_transformer_overhead_times_every_loop_on_the_lm_configs_step():
+    result = run("transformer_overhead.py", "--steps", "2", "--cycles", "1", "--warmup", "2", "--override",
+                 "model.num_layers=1", "--override", "model.embed_dim=16", "--override", "model.mlp_dim=32")
+    report = json.loads(result.stdout)
+    assert sorted(report["median_us_per_step"]) == ["bare", "default", "default_k8", "session"]
+    assert all(us > 0 for us in report["median_us_per_step"].values()) and report["ratio_to_bare"]["bare"] == 1.0
+    assert report["overrides"] == ["model.num_layers=1", "model.embed_dim=16", "model.mlp_dim=32"]
+
+
 def test_host_cost_times_the_main_thread_of_every_variant():
     result = run("host_cost.py", "--steps", "200", "--warmup", "50", "--rounds", "1")
     report = json.loads(result.stdout)
