@@ -412,3 +412,12 @@ def tiny_config(directory: pathlib.Path, steps: int, sleep: float = 0.0) -> path
     path = directory / "tiny.py"
     path.write_text(_TINY_CONFIG.format(steps=steps, slow=slow))
     return path
+
+
+def programs_for(lengths, scan_unroll="auto") -> int:
+    """How many programs a session compiles for one fetch set whose runs had `lengths`, by
+    the platform's program choice: one for every length ("auto" on CPU), else one per
+    length the runs had, and the one-step program (compiled ahead for the step-by-step runs)."""
+    from jaxmon._run.scan_unroll import dynamic_length
+
+    return 1 if dynamic_length(scan_unroll, jax.default_backend()) and max(lengths) > 1 else len(set(lengths) | {1})

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import RecordingHook, RecordingWriter, float_zero, window_means
+from helpers import RecordingHook, RecordingWriter, float_zero, programs_for, window_means
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -164,7 +164,7 @@ def test_k32_gives_the_state_of_k1_bit_for_bit_in_far_fewer_runs(reference_run):
     assert lengths.lengths == [32, 32, 32, 4]  # 100 = 3 * 32 + 4: the last run is cut to end at 100
     assert int(sess.state["n"]) == N
     assert_bit_identical(sess.state, reference_run)
-    assert lengths.compiled == 1  # one fetch set, one program for every run length ("auto" on CPU)
+    assert lengths.compiled == programs_for(lengths.lengths)  # one fetch set ("auto": one program on CPU)
     loss = float(mlp_loss(sess.state["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     first = float(mlp_loss(mlp_init()["params"], {k: jnp.asarray(v) for k, v in mlp_arrays().items()}))
     assert loss < first  # it trained
@@ -281,8 +281,8 @@ def test_a_1000_step_run_with_the_usual_hooks_compiles_one_program_per_run_lengt
     assert sess.step == 1000 and float(sess.state) == 1000.0
     # one fetch set: "auto" on CPU compiles one program for every run length; a scan of each length
     # (as on GPU and TPU) one program per length the runs had, each when first needed
-    assert lengths.compiled == (1 if scan_unroll == "auto" else len(set(lengths.lengths)))
-    assert scan_unroll == "auto" or set(lengths.lengths) == {1, 32, 4, 2}  # not 16 nor 8
+    assert lengths.compiled == programs_for(lengths.lengths, scan_unroll)
+    assert set(lengths.lengths) == {1, 32, 4, 2}  # on GPU and TPU: four programs, not 16 nor 8
     # 1000 / 32 = 31.25 runs at best; the runs cut for the triggers every 100 steps add about one per 100
     assert math.ceil(1000 / 32) <= len(lengths.runs) <= 1000 / 32 + 1000 / 100 + 2
     assert sum(lengths.lengths) == 1000
@@ -295,7 +295,7 @@ def test_batches_already_on_the_device_are_stacked_inside_the_step_with_the_same
     data = [jax.device_put(batch) for batch in ones(200)]
     sess, lengths = train([recorder], last_step=37, k=32, data=data)
     assert lengths.lengths == [32, 4, 1] and float(sess.state) == 37.0
-    assert lengths.compiled == 1  # one program for every run length, as with host batches
+    assert lengths.compiled == programs_for(lengths.lengths)  # as with host batches
     assert len(recorder.contexts[0].original_args.feeds) == 32  # hooks see the list
     assert float(sess.fetch({"next": lambda state, batch, outputs: batch["x"] + state})["next"]) == 38.0  # last batch
 
