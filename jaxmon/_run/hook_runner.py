@@ -294,8 +294,9 @@ class HookRunner:
             if plan.away:
                 report_thread.submit(self._report, plan, results, outputs, step, read)
             if plan.late:
-                fetched = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True)) if results \
-                    else None
+                fetched = None  # no call fetched anything
+                if results:
+                    fetched = dict(zip(plan.late, to_host([results[i] for i in plan.late]), strict=True))
                 self._call_after_run(plan, plan.late, results=fetched, outputs=outputs, step=step, read=read)
         report_thread.flush()
 
