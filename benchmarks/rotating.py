@@ -34,6 +34,19 @@ def local(maker: Callable[[], Callable[[int], Any]], warmup: int) -> Callable[[i
     return measure
 
 
+def bare_runner(step_fn: Callable[..., Any], init_fn: Callable[[], Any], batch: Any) -> Callable[[int], Any]:
+    """`run(steps)`: `steps` more steps of a bare `jax.jit(step_fn, donate_argnums=0)` loop
+    on `batch`, from `init_fn()`; returns the state."""
+    step, state = jax.jit(step_fn, donate_argnums=0), [init_fn()]
+
+    def run(steps: int) -> Any:
+        for _ in range(steps):
+            state[0], _ = step(state[0], batch)
+        return state[0]
+
+    return run
+
+
 def session_runner(sess) -> Callable[[int], Any]:
     """`run(steps)` for `local`: `steps` more steps of a jaxmon session (whatever its runs'
     lengths), its late hooks delivered; `close()` closes the session."""

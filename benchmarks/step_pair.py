@@ -35,16 +35,10 @@ def one_round(base_dir: str, cycles: int, steps: int, warmup: int) -> dict[str, 
 
     import jax
     from core_overhead import make_workload
+    from rotating import bare_runner
 
     init_fn, step_fn, batch = workload = make_workload()
-    bare_step, bare_state = jax.jit(step_fn, donate_argnums=0), [init_fn()]
-
-    def run_bare(n):
-        state = bare_state[0]
-        for _ in range(n):
-            state, _ = bare_step(state, batch)
-        bare_state[0] = state
-        return state
+    run_bare = bare_runner(step_fn, init_fn, batch)
 
     times: dict[str, list[float]] = {"bare": [], "base": [], "this": []}
     with tempfile.TemporaryDirectory() as directory:

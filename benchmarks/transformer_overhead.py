@@ -26,7 +26,7 @@ import tempfile
 import time
 
 import jax
-from rotating import format_logs_into_void
+from rotating import bare_runner, format_logs_into_void
 
 import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
@@ -51,14 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     format_logs_into_void()
     init_fn, step_fn, batch = workload(args.override)
-    bare_step, bare_state = jax.jit(step_fn, donate_argnums=0), [init_fn()]
-
-    def bare(n):
-        state = bare_state[0]
-        for _ in range(n):
-            state, _ = bare_step(state, batch)
-        bare_state[0] = state
-        return state
+    bare = bare_runner(step_fn, init_fn, batch)
 
     with tempfile.TemporaryDirectory() as directory:
         def default(k):
