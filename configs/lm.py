@@ -67,4 +67,7 @@ def get_config() -> dict:
         # {"rules": [["batch", ["data", "fsdp"]], ["embed", "fsdp"], ["vocab", "tensor"], ["mlp", "tensor"],
         #            ["heads", "tensor"], ["length", None], ["kv", None]]}
         "sharding": None,
+        # perf/* summaries: steps, examples and tokens per second, TFLOP/s per device (XLA's count of the
+        # step) and MFU against peak_tflops, one device's (None: jaxmon's table by the device's kind)
+        "perf": {"every_n_steps": 100, "peak_tflops": None},
     }

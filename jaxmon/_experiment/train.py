@@ -22,6 +22,7 @@ from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
 from jaxmon._experiment.sections import hooks_of, session_args_of
+from jaxmon._experiment.throughput import throughput_of
 from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
@@ -228,6 +229,8 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
     hooks, chief_only_hooks, evals = hooks_of(config, steps=parts.steps, eval_fn=task.eval_fn,
                                                eval_batches=parts.eval_batches, workdir=workdir,
                                                eval_metrics=task.eval_metrics)
+    chief_only_hooks.append(throughput_of(config, task.step_fn, batch_size=parts.data.batch_size,
+                                          row=parts.data.train["x"][0], workdir=workdir))
     session_args = session_args_of(config)
     report_changes(config, workdir, report)
     return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,

@@ -1,0 +1,158 @@
+"""Throughput of a config-driven run (`perf/*` summaries): steps, examples and tokens per
+second, TFLOP/s per device from XLA's cost analysis of the step, and MFU against the
+device's peak.
+
+FLOPs are counted once, by XLA's cost analysis of the task's step lowered on the
+session's state and one step's batch: the model's forward and backward pass and the
+optimizer's update, as XLA's HLO has them, before its optimisations and without what
+jaxmon adds to the step (its accumulators). Attention is counted as computed: a causal
+mask does not halve the count (MaxText's newer MFU halves it; the two do not compare).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmon._base.hook import Hook, RunContext, RunValues
+from jaxmon._base.triggers import Trigger, timer_for
+from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.keys import get_key
+from jaxmon._writers import WriterSlot
+
+logger = logging.getLogger("jaxmon")
+
+#: Dense bfloat16 peak TFLOP/s per device, the vendors' figures, by a word of the device's
+#: kind (`jax.devices()[0].device_kind`); `perf.peak_tflops` in a config overrides it.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
+               "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0, "TPU v6e": 918.0}
+
+
+def peak_tflops(device_kind: str) -> float | None:
+    """The peak of `PEAK_TFLOPS` whose key `device_kind` contains (None: not listed)."""
+    return next((peak for name, peak in PEAK_TFLOPS.items() if name in device_kind), None)
+
+
+def step_flops(step_fn: Callable[..., Any], state: Any, batch: Any) -> float | None:
+    """XLA's count of the floating-point operations of one `step_fn(state, batch)`, all
+    devices together (None where XLA gives none)."""
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+                          if isinstance(x, jax.Array) else x, state)
+    cost = jax.jit(step_fn).lower(shapes, batch).cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+class Throughput(Hook):
+    """Writes `perf/*` every N steps: `steps_per_sec`, `examples_per_sec`,
+    `tokens_per_sec` (where the task counts tokens), `tflops_per_sec_per_device` and
+    `mfu` (where the device's peak is known). Rates are over the steps since the last
+    write, timed on the host at step boundaries (the first from the end of the first
+    run, which compiles).
+
+    Args:
+      step_fn: the task's step, whose FLOPs XLA counts once.
+      examples_per_step, tokens_per_step: per step, all processes together (None: not counted).
+      peak_tflops: the peak TFLOP/s of one device (None: `PEAK_TFLOPS` by the device's kind).
+      every_n_steps: the period.
+      output_dir: where the summaries go (with the run's other summaries).
+    """
+
+    time_category = "hooks"
+
+    def __init__(self, step_fn: Callable[..., Any], *, examples_per_step: int | None, tokens_per_step: int | None,
+                 peak_tflops: float | None, every_n_steps: int, output_dir: str | os.PathLike | None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.timer = timer_for("perf", clock, every_n_steps=every_n_steps, every_n_secs=None)
+        self._step_fn, self._examples, self._tokens = step_fn, examples_per_step, tokens_per_step
+        self._peak, self._flops = peak_tflops, None
+        self._slot = WriterSlot("perf", output_dir, None, required=False)
+        self._started: int | None = None
+        self._batch: Any = None  # one step's batch, whose step XLA counts at the first write
+
+    def begin(self) -> None:
+        self._slot.open()
+
+    def after_create_session(self, session: Any) -> None:
+        self._slot.restarted(session)
+        self.timer.reset()
+        self._started = None
+
+    def next_trigger(self, step: int) -> Trigger | None:
+        return Trigger(step + 1) if self._started is None else self.timer.next_trigger(step)
+
+    def after_run(self, ctx: RunContext, values: RunValues) -> None:
+        if self._started is None:  # the run that compiled: the clock starts after it
+            self._started = values.step
+            self.timer.start(values.step)
+            self._batch = ctx.original_args.feeds if ctx.steps == 1 else _first_step(ctx.original_args.feeds)
+            return
+        if not self.timer.should_trigger_for_step(values.step):
+            return
+        secs, steps = self.timer.update_last_triggered_step(values.step)
+        if self._batch is not None:  # counted once, at the first write (not before the first step)
+            self._flops, self._batch = self._count(ctx.session.state), None
+        if secs and steps > 0:
+            self._write(values.step, steps / secs)
+
+    def _count(self, state: Any) -> float | None:
+        """The step's FLOPs; None, logged, where XLA cannot count them (no TFLOP/s, no MFU)."""
+        try:
+            return step_flops(self._step_fn, state, self._batch)
+        except Exception as error:  # noqa: BLE001 - a metric: training goes on without it
+            logger.warning("perf: XLA could not count the step's FLOPs (%r); no TFLOP/s or MFU.", error)
+            return None
+
+    def _write(self, step: int, rate: float) -> None:
+        scalars = {"perf/steps_per_sec": rate}
+        if self._examples:
+            scalars["perf/examples_per_sec"] = rate * self._examples
+        if self._tokens:
+            scalars["perf/tokens_per_sec"] = rate * self._tokens
+        if self._flops:
+            tflops = self._flops * rate / jax.device_count() / 1e12
+            scalars["perf/tflops_per_sec_per_device"] = tflops
+            peak = self._peak or peak_tflops(jax.devices()[0].device_kind)
+            if peak:
+                scalars["perf/mfu"] = tflops / peak
+        logger.info("perf at step %d: %s", step, ", ".join(f"{k.removeprefix('perf/')} {v:.4g}"
+                                                           for k, v in scalars.items()))
+        if self._slot.writer is not None:
+            self._slot.writer.write_scalars(step, scalars)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"timer": self.timer.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.timer.set_state(state["timer"])
+
+    def close(self) -> None:
+        self._slot.close()
+
+
+def _first_step(batch: Any) -> Any:
+    """The first step's batch of a run of several (a list, or arrays stacked on a leading axis)."""
+    return batch[0] if isinstance(batch, list) else jax.tree.map(lambda x: x[0], batch)
+
+
+def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
+                  workdir: str) -> Throughput:
+    """The `perf` section's hook: `{"every_n_steps": 100, "peak_tflops": None}` (None: by the
+    device), counting `batch_size` examples a step (all processes) and, for the "lm"
+    task, as many tokens as their rows (`row`: one example's input) hold."""
+    perf = dict(get_key(config, "perf", dict, {}))
+    every = perf.pop("every_n_steps", 100)
+    peak = perf.pop("peak_tflops", None)
+    if perf:
+        raise ConfigError(f"perf has unknown keys {sorted(perf)}; it takes every_n_steps and peak_tflops.")
+    if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0):
+        raise ConfigError(f"perf.peak_tflops={peak!r}: give the peak TFLOP/s of one device (> 0), or None.")
+    tokens = batch_size * int(np.size(row)) if config.get("task") == "lm" else None
+    return Throughput(step_fn, examples_per_step=batch_size, tokens_per_step=tokens, peak_tflops=peak,
+                      every_n_steps=every, output_dir=workdir)

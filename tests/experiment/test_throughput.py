@@ -1,0 +1,60 @@
+"""`perf/*` summaries of `jaxmon train` (`_experiment/throughput.py`): rates, TFLOP/s from
+XLA's count of the step, and MFU, read back from metrics.jsonl against a hand count."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import ROOT, cpu_env
+
+import jaxmon as jm
+from jaxmon._experiment.parts import parts_of
+from jaxmon._experiment.throughput import peak_tflops, step_flops
+
+OVERRIDES = ["--config.steps=40", "--config.optimizer.learning_rate.decay_steps=40",
+             "--config.optimizer.learning_rate.warmup_steps=5", "--config.model.num_layers=1",
+             "--config.perf.every_n_steps=20", "--config.perf.peak_tflops=0.5"]
+
+
+def test_the_peak_of_a_device_is_found_by_its_kind():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("TPU v5 lite") == 197.0
+    assert peak_tflops("cpu") is None
+
+
+def test_step_flops_is_xlas_count_of_one_step():
+    def step(state, batch):
+        return state @ batch["x"], {}
+
+    assert step_flops(step, jnp.ones((8, 4)), {"x": np.ones((4, 2), np.float32)}) == 2 * 8 * 4 * 2
+
+
+def test_an_lm_run_writes_perf_summaries_whose_mfu_is_the_hand_count(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm.py", *OVERRIDES,
+                           "--workdir", str(tmp_path / "run")], cwd=ROOT, env=cpu_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(tmp_path / "run" / "metrics.jsonl") as lines:
+        rows = [row for row in map(json.loads, lines) if "perf/mfu" in row]
+    assert [row["step"] for row in rows] == [20, 40]
+    # by hand: the step lowered on the state's shapes and one batch, XLA's cost analysis of it
+    config = jm.load_config(ROOT / "configs" / "lm.py", [o.removeprefix("--config.") for o in OVERRIDES])
+    parts = parts_of(config)
+    batch = {key: np.asarray(value[:parts.data.batch_size]) for key, value in parts.data.train.items()}
+    flops = jax.jit(parts.task.step_fn).lower(jax.eval_shape(parts.init_fn), batch).cost_analysis()["flops"]
+    for row in rows:
+        rate = row["perf/steps_per_sec"]
+        assert row["perf/examples_per_sec"] == pytest.approx(16 * rate)
+        assert row["perf/tokens_per_sec"] == pytest.approx(16 * 64 * rate)  # batch 16, rows of 64 tokens
+        assert row["perf/tflops_per_sec_per_device"] == pytest.approx(flops * rate / 1e12)  # one device
+        assert row["perf/mfu"] == pytest.approx(flops * rate / 1e12 / 0.5)
+
+
+def test_a_peak_that_is_no_positive_number_is_refused_with_its_value(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm.py",
+                           "--config.perf.peak_tflops=-1", "--workdir", str(tmp_path / "bad")], cwd=ROOT,
+                          env=cpu_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "perf.peak_tflops=-1" in done.stderr, done.stderr[-2000:]
