@@ -45,14 +45,24 @@ if [ "${1-}" = "check" ]; then
            --override model.num_heads=8 --override model.max_len=256 --override data.seq_len=256
            --override data.batch_size=32)
   fi
-  part tests 150 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+  part tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts= \
     "tests/metrics/test_accumulators_in_session.py::test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_waiting" \
     "tests/run/test_steps_per_dispatch.py::test_a_1000_step_run_with_the_usual_hooks_compiles_one_program_per_run_length_at_most" \
     "tests/run/test_scan_unroll.py::test_a_run_whose_program_compiles_in_the_background_runs_step_by_step_meanwhile"
   part host_cost 60 python3 benchmarks/host_cost.py --rounds 2 --steps 500 --trigger_cycles 10
-  part transformer_f32 120 python3 benchmarks/transformer_overhead.py --steps 30 --cycles 6 --warmup 40 "${model[@]}"
-  part transformer_bf16 120 python3 benchmarks/transformer_overhead.py --steps 30 --cycles 6 --warmup 40 \
+  part transformer_f32 90 python3 benchmarks/transformer_overhead.py --steps 30 --cycles 6 --warmup 40 "${model[@]}"
+  part transformer_bf16 90 python3 benchmarks/transformer_overhead.py --steps 30 --cycles 6 --warmup 40 \
     "${model[@]}" --override model.dtype=bfloat16
+  if [ "${GPU_CHECK_SMALL-}" = 1 ]; then
+    gpt2=(--config.model.num_layers=1 --config.model.embed_dim=32 --config.model.num_heads=2 --config.model.mlp_dim=64
+          --config.data.seq_len=64 --config.model.max_len=64)
+  else
+    gpt2=()
+  fi
+  rm -rf "$out/gpt2_small_run"  # a fresh start: its time to the first step, then tokens/s and MFU
+  part gpt2_small 120 python3 -m jaxmon train --config configs/gpt2_small.py --workdir "$out/gpt2_small_run" \
+    --config.steps=100 --config.optimizer.learning_rate.decay_steps=100 --config.optimizer.learning_rate.warmup_steps=10 \
+    --config.perf.every_n_steps=50 "${gpt2[@]}"
   exec python3 - "$out" <<'TABLE'
 import json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
@@ -61,6 +71,10 @@ for name, code, secs in (line.split() for line in (out / "status").read_text().s
     text = (out / f"{name}.out").read_text()
     if name == "tests":
         figures = (re.findall(r"\d+ (?:passed|failed)[^\n]*", text) or ["no summary"])[-1]
+    elif name == "gpt2_small":  # its log: the start-up line and the last perf line
+        log = (out / f"{name}.err").read_text()
+        lines = re.findall(r"(Step 1 after [\d.]+ s)|perf at step \d+: (.*)", log)
+        figures = "; ".join(part for found in lines[:1] + lines[-1:] for part in found if part) or "no perf line"
     else:
         try:
             report = json.loads(text[text.index("{"):])

@@ -294,3 +294,15 @@ def test_a_dtype_that_is_not_a_floating_one_is_named(bad):
     model = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2, dtype=bad)
     with pytest.raises(ValueError, match=rf"Transformer dtype='{bad}' is not a floating dtype"):
         model.init(jax.random.PRNGKey(0), jnp.ones((2, 6), jnp.int32))
+
+
+def test_the_gpt2_small_config_is_gpt2_smalls_shape_in_bfloat16():
+    config = jm.load_config(ROOT / "configs" / "gpt2_small.py")
+    model_config = dict(config["model"])
+    model_config.pop("name")
+    model = Transformer(**model_config)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((2, 1024), jnp.int32))
+    count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(nn.meta.unbox(shapes)))
+    assert 85e6 < count < 87e6  # 12 x 768 with the byte vocabulary
+    assert (model.num_layers, model.embed_dim, model.num_heads, model.max_len) == (12, 768, 12, 1024)
+    assert (model.dtype, model.param_dtype) == ("bfloat16", "float32") and config["data"]["seq_len"] == 1024
