@@ -37,7 +37,6 @@ class _Layout:
             self._treedefs.append(treedef)
             self._fields.append(fields)
         self.size = offset
-        self._offsets = [offset for fields in self._fields for offset, _, _, _ in fields]
 
     def pack_host(self, trees: list[Any]) -> np.ndarray:
         parts = [np.asarray(leaf, dtype).reshape(-1).view(np.int32)
@@ -56,15 +55,15 @@ class _Layout:
         of updates XLA fuses into one loop, where a concatenate of as many parts is not
         fused on the CPU and costs the step tens of µs. Leaves typed on a mesh (its explicit
         axes) are concatenated: an update must have its operand's sharding."""
-        parts = []
+        parts = []  # (offset, the leaf's bits)
         for tree, fields in zip(trees, self._fields, strict=True):
-            for leaf, (_, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
+            for leaf, (offset, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
                 leaf = jnp.asarray(leaf, dtype).reshape(-1)
-                parts.append(jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf)
-        if any(_on_a_mesh(part) for part in parts):
-            return jnp.concatenate(parts)
+                parts.append((offset, jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf))
+        if any(_on_a_mesh(part) for _, part in parts):
+            return jnp.concatenate([part for _, part in parts])
         carry = jnp.zeros(self.size, jnp.int32)
-        for part, offset in zip(parts, self._offsets, strict=True):
+        for offset, part in parts:
             carry = jax.lax.dynamic_update_slice(carry, part, (offset,))
         return carry
 

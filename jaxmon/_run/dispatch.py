@@ -35,7 +35,7 @@ class Dispatch:
         bound, or "auto" (see `_sharding.dispatch_ahead_default`).
       accumulators: the hooks' accumulators, updated inside every step.
       steps_per_dispatch: the most steps of one run; every power of two up to it is a
-        run length that the step is compiled for ahead (see `CompiledStep`).
+        run length, compiled when a run first needs it (see `CompiledStep`).
       scan_unroll: how far the `lax.scan` of a run of several steps is unrolled (see
         `_scan_unroll.resolve_scan_unroll`).
     """

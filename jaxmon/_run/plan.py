@@ -57,15 +57,16 @@ class RunPlan(NamedTuple):
         calls = tuple(calls)
         readers = (*(call.hook for call in calls if call.read), *only_read)
         fetching = tuple(i for i, call in enumerate(calls) if call.fetches is not None)
-        return cls(ctx, calls, feeds, readers,
+        plan = cls(ctx, calls, feeds, readers,
                    now=tuple(i for i, call in enumerate(calls) if not call.late),
                    late=tuple(i for i, call in enumerate(calls) if call.late and not call.away),
                    away=tuple(i for i, call in enumerate(calls) if call.away),
-                   fetching=fetching,
-                   fetches=FetchPlan([(CALLER, None), *[(calls[i].hook, calls[i].fetches) for i in fetching]]))
+                   fetching=fetching)
+        return plan._replace(fetches=plan.fetch_plan(None))
 
     def fetch_plan(self, wanted: Wanted | None) -> FetchPlan:
-        """The run's fetch plan with the caller's fetches (`wanted`) first."""
+        """The run's fetch plan with the caller's fetches (`wanted`) first (the hooks'
+        alone: kept as `fetches`)."""
         if wanted is None and self.fetches is not None:
             return self.fetches
         return FetchPlan([(CALLER, wanted), *[(self.calls[i].hook, self.calls[i].fetches) for i in self.fetching]])
