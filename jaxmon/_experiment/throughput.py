@@ -20,11 +20,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon._base.hook import Hook, RunContext, RunValues
+from jaxmon._base.hook import RunContext, RunValues
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key
+from jaxmon._run.batches import abstract, one_step
 from jaxmon._writers import WriterSlot
+from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -41,15 +43,13 @@ def peak_tflops(device_kind: str) -> float | None:
 
 def step_flops(step_fn: Callable[..., Any], state: Any, batch: Any) -> float | None:
     """XLA's count of the floating-point operations of one `step_fn(state, batch)`, all
-    devices together (None where XLA gives none)."""
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
-                          if isinstance(x, jax.Array) else x, state)
-    cost = jax.jit(step_fn).lower(shapes, batch).cost_analysis()
+    devices together (None where XLA gives none); `batch` may be abstract."""
+    cost = jax.jit(step_fn).lower(abstract(state), batch).cost_analysis()
     flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops")
     return float(flops) if flops and flops > 0 else None
 
 
-class Throughput(Hook):
+class Throughput(TimedHook):
     """Writes `perf/*` every N steps: `steps_per_sec`, `examples_per_sec`,
     `tokens_per_sec` (where the task counts tokens), `tflops_per_sec_per_device` and
     `mfu` (where the device's peak is known). Rates are over the steps since the last
@@ -64,8 +64,6 @@ class Throughput(Hook):
       output_dir: where the summaries go (with the run's other summaries).
     """
 
-    time_category = "hooks"
-
     def __init__(self, step_fn: Callable[..., Any], *, examples_per_step: int | None, tokens_per_step: int | None,
                  peak_tflops: float | None, every_n_steps: int, output_dir: str | os.PathLike | None,
                  clock: Callable[[], float] = time.monotonic):
@@ -73,8 +71,8 @@ class Throughput(Hook):
         self._step_fn, self._examples, self._tokens = step_fn, examples_per_step, tokens_per_step
         self._peak, self._flops = peak_tflops, None
         self._slot = WriterSlot("perf", output_dir, None, required=False)
-        self._started: int | None = None
-        self._batch: Any = None  # one step's batch, whose step XLA counts at the first write
+        self._started = False  # a run since the session was created (its first, which compiles, starts the clock)
+        self._batch: Any = None  # one step's abstract batch, whose step XLA counts at the first write
 
     def begin(self) -> None:
         self._slot.open()
@@ -82,16 +80,16 @@ class Throughput(Hook):
     def after_create_session(self, session: Any) -> None:
         self._slot.restarted(session)
         self.timer.reset()
-        self._started = None
+        self._started = False
 
     def next_trigger(self, step: int) -> Trigger | None:
-        return Trigger(step + 1) if self._started is None else self.timer.next_trigger(step)
+        return self.timer.next_trigger(step) if self._started else Trigger(step + 1)
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
-        if self._started is None:  # the run that compiled: the clock starts after it
-            self._started = values.step
+        if not self._started:  # the run that compiled: the clock starts after it
+            self._started = True
             self.timer.start(values.step)
-            self._batch = ctx.original_args.feeds if ctx.steps == 1 else _first_step(ctx.original_args.feeds)
+            self._batch = one_step(ctx.original_args.feeds, ctx.steps)
             return
         if not self.timer.should_trigger_for_step(values.step):
             return
@@ -126,19 +124,8 @@ class Throughput(Hook):
         if self._slot.writer is not None:
             self._slot.writer.write_scalars(step, scalars)
 
-    def get_state(self) -> dict[str, Any]:
-        return {"timer": self.timer.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.timer.set_state(state["timer"])
-
     def close(self) -> None:
         self._slot.close()
-
-
-def _first_step(batch: Any) -> Any:
-    """The first step's batch of a run of several (a list, or arrays stacked on a leading axis)."""
-    return batch[0] if isinstance(batch, list) else jax.tree.map(lambda x: x[0], batch)
 
 
 def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
