@@ -8,7 +8,7 @@ of --rounds rounds:
 - bare_jit: one jitted step per call;
 - scan{8,32}_loop / _unrolled / _canonical: a jitted `lax.scan` of 8 or 32 steps over
   stacked batches: `unroll=1`, `unroll=True`, or `unroll=1` with the step's
-  convolutions rewritten (`_scan_unroll.canonical_convolutions`, what "auto" does on CPU);
+  convolutions rewritten (`scan_unroll.canonical_convolutions`, what "auto" does on CPU);
 - session_k1, session_k{8,32}_auto: `MonitoredSession` with the default set of
   hooks_overhead.py, one step per run or `steps_per_dispatch=8`/`32` with the default
   `scan_unroll="auto"` (and a hook that ends runs where each timed slice ends).

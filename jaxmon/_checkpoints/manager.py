@@ -6,8 +6,8 @@ as `{"leaf": array}`) and `meta` (JSON: the step, versions, the data iterator's
 position, the hooks' own state, the config). Orbax writes each step
 into a temporary directory and renames it when complete, so a checkpoint cut off by
 SIGKILL is never listed, never loaded; a directory counts as a step only if it is named
-by the step in ASCII digits and committed (`_step_dirs`). Each step directory also records the CRC-32 of
-its files, checked before a restore (`_integrity`): a checkpoint changed since is refused.
+by the step in ASCII digits and committed (`step_dirs`). Each step directory also records the CRC-32 of
+its files, checked before a restore (`integrity`): a checkpoint changed since is refused.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Checkpoints:
     As a writer (`writer=True`), it holds an exclusive lock on the directory (a file
     lock the OS drops when the process dies, even by SIGKILL), so that two runs never
     interleave their checkpoints; only process 0 takes it. `integrity=False` saves without
-    the CRC-32 manifest (`_integrity`): those checkpoints restore unchecked.
+    the CRC-32 manifest (`integrity`): those checkpoints restore unchecked.
     """
 
     def __init__(self, directory: str | os.PathLike, *, writer: bool = False, async_save: bool = True,

@@ -6,7 +6,7 @@ Unicode digits, and an empty directory someone made counts as well), and its own
 listing of a local directory takes any directory that is not being written. jaxmon
 lists a step only once its commit is on disk: Orbax's commit marker
 (`commit_success.txt`, written just before the step directory is renamed into place)
-or jaxmon's integrity manifest (`_integrity`). The same rule serves `complete_steps`
+or jaxmon's integrity manifest (`integrity`). The same rule serves `complete_steps`
 and, through `CompleteStepNames`, Orbax's `CheckpointManager`: a directory that is not
 a checkpoint is never restored, compared against, pruned or deleted.
 """

@@ -92,7 +92,7 @@ saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `jaxmon` command; returns its exit code. Ctrl-C and SIGTERM stop it from
-    here on with exit 130 / 143 and one line, never a traceback (see `_cli_signals`)."""
+    here on with exit 130 / 143 and one line, never a traceback (see `signals`)."""
     with _cli_signals.handling():
         return _main(list(sys.argv[1:] if argv is None else argv))
 

@@ -57,7 +57,7 @@ class BatchSource:
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
         owned = data is not None and self._data is not data
-        self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`_goodput.TimeSpent`)
+        self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`time_spent.TimeSpent`)
         if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
             self._data = host_syncs.iterator(self._data)
         self._kind = type(data).__name__  # a resume without a position names it, once

@@ -107,9 +107,9 @@ class CompiledStep:
     schedules produce are compiled.
 
     `unroll` is the session's `scan_unroll`: how far the `lax.scan` of a run of several
-    steps is unrolled ("auto": see `_scan_unroll.resolve_scan_unroll`, decided at the
+    steps is unrolled ("auto": see `scan_unroll.resolve_scan_unroll`, decided at the
     first call by the platform of the state's devices and whether the step convolves).
-    Where `_scan_unroll.dynamic_length` says so, one program per key takes every run of
+    Where `scan_unroll.dynamic_length` says so, one program per key takes every run of
     up to the longest length instead: its batch padded to that length (`program_steps`), the
     run's own length an argument of its loop.
     """
@@ -118,7 +118,7 @@ class CompiledStep:
                  accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1,
                  spent: dict[str, float] | None = None):
         check_step_fn(step_fn)
-        self._spent = {"compile": 0.0} if spent is None else spent  # seconds by category (`_goodput`)
+        self._spent = {"compile": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
         self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
         self._donate = (0,) if donate_state else ()
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
@@ -148,7 +148,7 @@ class CompiledStep:
     def program_steps(self, state: Any, length: int) -> int:
         """The leading axis of the batch a run of `length` steps is called with: the
         longest run length for every run up to it when one program takes them all (the
-        batch padded, see `_batches.pad_run`), else `length`."""
+        batch padded, see `batches.pad_run`), else `length`."""
         if self._dynamic is None:  # the first run: what "auto" does depends on the devices
             self._platform = platform_of(state)
             self._dynamic = self._most > 1 and dynamic_length(self._unroll, self._platform)

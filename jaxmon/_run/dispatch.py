@@ -30,14 +30,14 @@ class Dispatch:
     Args:
       step_fn: the user's step function.
       donate_state: donate the state's buffers to the step.
-      placement: a sharded session's `_sharding.Placement`, or None.
+      placement: a sharded session's `sharding.Placement`, or None.
       max_dispatch_ahead: the most steps queued without waiting for one, None for no
-        bound, or "auto" (see `_sharding.dispatch_ahead_default`).
+        bound, or "auto" (see `sharding.dispatch_ahead_default`).
       accumulators: the hooks' accumulators, updated inside every step.
       steps_per_dispatch: the most steps of one run; every power of two up to it is a
         run length, compiled when a run first needs it (see `CompiledStep`).
       scan_unroll: how far the `lax.scan` of a run of several steps is unrolled (see
-        `_scan_unroll.resolve_scan_unroll`).
+        `scan_unroll.resolve_scan_unroll`).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,

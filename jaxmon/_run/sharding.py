@@ -126,7 +126,7 @@ class Placement:
 
         Args:
           batch: one step's batch; with `steps` > 1, the batches of a multi-step run,
-            stacked on a new leading axis or as a list (see `_batches.as_run`).
+            stacked on a new leading axis or as a list (see `batches.as_run`).
           steps: how many steps `batch` holds. A stacked batch `(steps, batch, ...)`
             keeps its steps axis whole on every device and has each step's part sharded
             as one step's batch is: `batch_sharding` with None prepended.

@@ -43,7 +43,7 @@ class StateLife:
     Args:
       init_fn: builds a fresh state; None when `state` is given instead.
       state: the initial state itself (it can be used once: it is donated).
-      placement: a sharded session's `_sharding.Placement`, or None.
+      placement: a sharded session's `sharding.Placement`, or None.
       checkpoint_dir: where to restore from; None: the `checkpoint_dir` of the first
         hook that has one, if any.
       warm_start: a checkpoint path or `fn(state) -> state`, applied to fresh states.
@@ -62,7 +62,7 @@ class StateLife:
                  config: Mapping[str, Any] | None,
                  hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int,
                  donate_state: bool = True, spent: dict[str, float] | None = None):
-        self._spent = {"restore": 0.0} if spent is None else spent  # seconds by category (`_goodput`)
+        self._spent = {"restore": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:

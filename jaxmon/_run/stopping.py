@@ -31,7 +31,7 @@ class Stopping:
 
     Args:
       preemption: the session's `Preemption`.
-      agreed: whether several processes agree on stops (see `_agree.AgreedRuns`).
+      agreed: whether several processes agree on stops (see `agree.AgreedRuns`).
     """
 
     def __init__(self, preemption: Preemption, agreed: bool):
