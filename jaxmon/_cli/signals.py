@@ -11,7 +11,10 @@ Importing this module in the `jaxmon` command (`jaxmon ...` or `python -m jaxmon
   inside its `with` block takes both signals over and saves first. One that Python
   swallows (raised while a garbage-collection callback or a `__del__` runs: "Exception
   ignored in ...") is raised again 50 ms later, wherever the main thread is then, or
-  handed to the handler that took the signal over since: a signal is never lost;
+  handed to the handler that took the signal over since; one that a library caught
+  (native code run inside an import catches what it calls) goes to the session that
+  takes the signal over next (`take_lost`), else stops the command when `main` ends
+  (`check()`): a signal is never lost;
 - once `main` knows it is stopping (`stopped()`), a signal is ignored: its last line
   is on its way. After `main` returned, a signal ends the process at once with one line;
   after the last exit function, while Python tears itself down, it is ignored (the
@@ -247,6 +250,17 @@ def _held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def take_lost(signum: int) -> bool:
+    """Whether `signum` raised its exception in `main` and nothing has acknowledged it
+    since: a library caught it on the way (native code run inside an import, say). A
+    handler that takes the signal over (a session's) asks when it is installed and, if
+    so, acts on the signal itself; the signal is then no longer this module's."""
+    if _stage.name == "main" and _stage.pending == signum:
+        _stage.pending = _stage.raised = None
+        return True
+    return False
 
 
 def check() -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 from jax.experimental import multihost_utils
 
+from jaxmon._cli import signals as _cli_signals
+
 logger = logging.getLogger("jaxmon")
 _entered = False  # see session_entered()
 
@@ -149,6 +151,8 @@ class _SignalHandler:
         self._installed = threading.current_thread() is threading.main_thread()
         if self._installed:
             self._previous = signal.signal(signum, self._handle)
+            if _cli_signals.take_lost(signum):  # the command's, raised before and caught by a library
+                self._handle(signum, None)
         elif signum == signal.SIGTERM:
             logger.info("The session is not in the main thread, so it does not handle SIGTERM or Ctrl-C.")
 

@@ -169,6 +169,25 @@ def test_a_swallowed_ctrl_c_goes_to_the_handler_that_took_ctrl_c_over_since():
     assert taken == [signal.SIGINT]
 
 
+def test_a_signal_a_library_caught_goes_to_the_session_that_takes_the_signals_over(caplog):
+    """SIGTERM raised inside native code that catches what it calls (JAX's first lowering
+    imports an extension module) is lost there: the session that takes SIGTERM over next
+    acts on it (saves at the next step boundary and stops), and it is not raised again."""
+    with _cli_signals.handling():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except _cli_signals.Terminated:
+            pass  # what the library did with it
+        with caplog.at_level(logging.WARNING, logger="jaxmon"):
+            with jm.MonitoredSession(lambda state, batch: (state + 1, {}), state=jnp.zeros(())) as sess:
+                stopped = sess.should_stop()
+        _cli_signals.check()  # nothing left to raise
+    assert stopped
+    assert [r.getMessage() for r in caplog.records] == [
+        "SIGTERM or request_preemption(): saving at the next step boundary, then stopping; a second one stops at "
+        "once."]
+
+
 def test_importing_jaxmon_outside_the_command_leaves_the_signals_alone():
     handlers = {signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)}
     assert not handlers & {_cli_signals._exit_at_once, _cli_signals._raise}  # noqa: SLF001
