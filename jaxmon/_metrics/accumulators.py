@@ -50,11 +50,12 @@ class _Layout:
                                              for o, shape, dtype, n in self._fields[i]])
                 for i in (range(len(self._treedefs)) if indices is None else indices)]
 
-    def pack(self, trees: list[Any]) -> jax.Array:
-        """The trees as one int32 array (traced), each leaf written at its offset: a chain
-        of updates XLA fuses into one loop, where a concatenate of as many parts is not
-        fused on the CPU and costs the step tens of µs. Leaves typed on a mesh (its explicit
-        axes) are concatenated: an update must have its operand's sharding."""
+    def pack(self, trees: list[Any], into: jax.Array) -> jax.Array:
+        """The trees as one int32 array (traced), each leaf written at its offset in `into`
+        (the carry the step took, donated: written in place): a chain of updates, where a
+        concatenate of as many parts is not fused on the CPU and costs the step tens of µs.
+        Leaves typed on a mesh (its explicit axes) are concatenated: an update must have
+        its operand's sharding."""
         parts = []  # (offset, the leaf's bits)
         for tree, fields in zip(trees, self._fields, strict=True):
             for leaf, (offset, _, dtype, _) in zip(jax.tree.leaves(tree), fields, strict=True):
@@ -62,7 +63,7 @@ class _Layout:
                 parts.append((offset, jax.lax.bitcast_convert_type(leaf, jnp.int32) if dtype == np.float32 else leaf))
         if any(_on_a_mesh(part) for _, part in parts):
             return jnp.concatenate([part for _, part in parts])
-        carry = jnp.zeros(self.size, jnp.int32)
+        carry = into
         for offset, part in parts:
             carry = jax.lax.dynamic_update_slice(carry, part, (offset,))
         return carry
@@ -179,6 +180,10 @@ class Accumulators:
         if self._saved is not None and self._saved.shape == host.shape:
             host = self._saved.copy()
             host[0] = step
+        elif self._saved is not None:  # saved by a jaxmon whose reductions kept other fields
+            self._since = {id(hook): step for hook in self._hooks}
+            logger.warning("The checkpoint's windows have %d fields where these reductions keep %d; the hooks' "
+                           "windows start afresh at step %d.", self._saved.size, host.size, step)
         if sharding is None:
             self.carry = jax.device_put(host)
         else:
@@ -199,7 +204,7 @@ class Accumulators:
             if keep:
                 ok = jnp.all(jnp.stack(keep))
                 new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
-        carry = self._layout.pack([step, *accs])
+        carry = self._layout.pack([step, *accs], into=carry)
         if self._sharding is not None:  # one copy on every device, whatever the values' shardings
             carry = jax.lax.with_sharding_constraint(carry, self._sharding)
         return carry, new_state
@@ -221,6 +226,8 @@ class Accumulators:
             self._since[id(hook)] = step
         if program is not None:
             self.carry = program(carry)
+        elif readers:  # the next run takes the carry it starts from (donated): the read keeps this one
+            self.carry = _copy(carry)
         return read
 
     def read_now(self, step: int) -> None:
@@ -294,6 +301,9 @@ class Read:
             values = self._values[id(hook)] = self._accumulators.results(
                 self.host_carry, self.step - self._since.get(id(hook), self.step), hook)
         return values
+
+
+_copy = jax.jit(jnp.copy)
 
 
 def _read(carry: jax.Array) -> np.ndarray:

@@ -146,16 +146,18 @@ class Mean(Reduction):
         return {"value": super().value(state, batch, outputs), "weight": jnp.reshape(weight, ())}
 
     def init(self, value: Any) -> Any:
+        if self.weight is None:  # the weight is the window's number of steps: nothing to carry
+            return {"total": _zeros(value["value"])}
         return {"total": _zeros(value["value"]), "weight": np.zeros((), np.float32)}
 
     def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
         weight = jnp.asarray(value["weight"], jnp.float32)
         total = jax.tree.map(lambda total, x: total + weight * jnp.asarray(x, jnp.float32), acc["total"],
                              value["value"])
-        return {"total": total, "weight": acc["weight"] + weight}
+        return {"total": total} if self.weight is None else {"total": total, "weight": acc["weight"] + weight}
 
     def result(self, acc: Any, steps: int) -> Any:
-        weight = float(acc["weight"])
+        weight = float(acc["weight"]) if self.weight is not None else steps
         return jax.tree.map(lambda total: total / weight if weight else total * np.nan, acc["total"])
 
     def __repr__(self) -> str:

@@ -120,7 +120,8 @@ class CompiledStep:
         check_step_fn(step_fn)
         self._spent = {"compile": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
         self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
-        self._donate = (0,) if donate_state else ()
+        # The carry is the session's own: each run takes it (updated in place), and a read keeps a copy.
+        self._donate = (0, 2) if donate_state else (2,)
         self._variants: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._evaluators: dict[tuple[FetchSpec, ...], Callable[..., Any]] = {}
         self._traces: list[int] = []  # one entry per trace (list.append is atomic across threads)

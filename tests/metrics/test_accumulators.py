@@ -5,6 +5,7 @@ comes). Carries are packed by hand on the host; only the restart is jitted."""
 
 from __future__ import annotations
 
+import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,9 +49,10 @@ def test_the_layout_packs_every_leaf_into_one_int32_array_and_back_on_the_host()
 def test_the_layout_packs_alike_when_traced():
     lay = layout()
     packed = lay.pack_host(trees())
-    round_trip = jax.jit(lambda carry: lay.pack(lay.unpack(carry)))
+    round_trip = jax.jit(lambda carry: lay.pack(lay.unpack(carry), into=carry))
     np.testing.assert_array_equal(np.asarray(round_trip(jnp.asarray(packed))), packed)
-    traced = jax.jit(lambda: lay.pack(trees()))()  # the traced pack gives the host's bits
+    traced = jax.jit(lambda: lay.pack(trees(), into=jnp.full(lay.size, -1, jnp.int32)))()  # every slot written
+    np.testing.assert_array_equal(np.asarray(traced), packed)  # the traced pack gives the host's bits
     np.testing.assert_array_equal(np.asarray(traced), packed)
     assert_trees_equal(lay.unpack(jnp.asarray(packed)), trees())
 
@@ -167,10 +169,9 @@ class Setup:
         self.acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
 
     def put(self, step, a, b, nan_step=-1):
-        """A carry at `step` whose means are `a` and `b`, each `(sum, weight)`."""
-        host = self.acc._layout.pack_host([np.array(step, np.int32),
-                                           {"total": np.float32(a[0]), "weight": np.float32(a[1])},
-                                           {"total": np.float32(b[0]), "weight": np.float32(b[1])},
+        """A carry at `step` whose means' sums are `a` and `b` (their weights: the windows' steps)."""
+        host = self.acc._layout.pack_host([np.array(step, np.int32), {"total": np.float32(a)},
+                                           {"total": np.float32(b)},
                                            {"step": np.int32(nan_step), "value": np.float32(np.nan),
                                             "run": np.int32(0), "skipped": np.int32(1)}])
         self.acc.carry = jnp.asarray(host)  # as a run returns it
@@ -203,14 +204,14 @@ def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
 
 def test_a_read_restarts_only_the_readers_restarting_accumulators():
     setup = Setup()
-    setup.put(5, a=(10.0, 5), b=(20.0, 5), nan_step=3)
+    setup.put(5, a=10.0, b=20.0, nan_step=3)
     assert setup.acc.read(5, []) is None  # no reader
     read = setup.acc.read(5, [setup.b])
     assert setup.sums() == (10.0, 0.0, 3)  # b's mean restarted; a's and the sticky flag kept
     assert read.values(setup.b) == {"m": 4.0, "nan": {"step": 3, "value": pytest.approx(np.nan, nan_ok=True),
                                                       "skipped": 1}}
     assert read.values(setup.a) == {"m": 2.0}  # a's mean so far, over 5 steps, not restarted
-    setup.put(8, a=(16.0, 8), b=(6.0, 3), nan_step=3)
+    setup.put(8, a=16.0, b=6.0, nan_step=3)
     read = setup.acc.read(8, [setup.a, setup.b])
     assert read.values(setup.a)["m"] == 2.0 and read.values(setup.b)["m"] == 2.0  # 16 / 8 and 6 / (8 - 5)
     assert setup.sums() == (0.0, 0.0, 3)
@@ -219,7 +220,7 @@ def test_a_read_restarts_only_the_readers_restarting_accumulators():
 
 def test_after_read_comes_once_per_read_with_every_hooks_values():
     setup = Setup()
-    setup.put(4, a=(4.0, 4), b=(8.0, 4))
+    setup.put(4, a=4.0, b=8.0)
     read = setup.acc.read(4, [setup.a])
     assert setup.delivered == []  # delivered when first needed
     read.values(setup.a)
@@ -230,7 +231,7 @@ def test_after_read_comes_once_per_read_with_every_hooks_values():
                                                                               "skipped": 1}})])]
     setup.acc.read_now(4)  # the read of this step is delivered already
     assert len(setup.delivered) == 1
-    setup.put(6, a=(2.0, 2), b=(8.0, 6))
+    setup.put(6, a=2.0, b=8.0)
     setup.acc.read_now(6)  # no read at 6: a new one, delivered now, restarting nobody
     assert [step for step, _ in setup.delivered] == [4, 6]
     assert dict(setup.delivered[1][1])["a"]["m"] == 1.0 and setup.sums()[:2] == (2.0, 8.0)
@@ -248,7 +249,7 @@ def test_only_hooks_with_an_after_read_are_told_and_the_others_values_wait_until
         [(hook.name, hook_values) for hook, hook_values in values]))
     acc.start(0)
     acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
-    means = [{"total": np.float32(total), "weight": np.float32(4)} for total in (6, 2)]
+    means = [{"total": np.float32(total)} for total in (6, 2)]  # over the 4 steps since 0
     acc.carry = jnp.asarray(acc._layout.pack_host([np.array(4, np.int32), *means]))  # as a run returns it
     read = acc.read(4, [quiet, told])
     read.host()
@@ -259,7 +260,7 @@ def test_only_hooks_with_an_after_read_are_told_and_the_others_values_wait_until
 
 def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
     setup = Setup()
-    setup.put(3, a=(3.0, 3), b=(3.0, 3))
+    setup.put(3, a=3.0, b=3.0)
     setup.acc.read(3, [setup.b])
     setup.acc.read_now(3)
     assert [step for step, _ in setup.delivered] == [3]
@@ -268,7 +269,7 @@ def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
 
 def test_start_forgets_the_carry_and_counts_from_the_new_step():
     setup = Setup()
-    setup.put(4, a=(4.0, 4), b=(4.0, 4))
+    setup.put(4, a=4.0, b=4.0)
     setup.acc.start(10)
     assert setup.acc.read(12, [setup.a]) is None
     setup.acc.read_now(12)
@@ -287,3 +288,19 @@ def test_update_keeps_the_old_state_while_a_skipping_reduction_refuses_it():
     assert int(nan["skipped"]) == 1 and int(acc._layout.unpack_host(np.asarray(new_carry))[0]) == 1
     _, kept = acc.update(new_carry, jnp.float32(1.0), jnp.float32(2.0), {}, {"loss": jnp.float32(np.nan)})
     assert float(kept) == 2.0  # the second in a row fails: kept, and reported
+
+
+def test_a_saved_carry_of_another_layout_starts_the_windows_afresh_with_a_warning(caplog):
+    """The same reductions, saved by a jaxmon that kept other fields for them (a `Mean`
+    without a weight once carried one): the windows start afresh, and the log says so."""
+    hook = Reads("a", m=Mean("loss"))
+    acc = Accumulators([hook], on_read=lambda step, values: None)
+    acc.start(7, saved={"entries": acc._signature(), "carry": [7, 0, 0], "since": [3]})
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=7, sharding=None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "The checkpoint's windows have 3 fields where these reductions keep 2; the hooks' windows start afresh "
+        "at step 7."]
+    assert acc._layout.unpack_host(np.asarray(acc.carry))[1] == {"total": 0.0}
+    acc.carry = jnp.asarray(acc._layout.pack_host([np.array(9, np.int32), {"total": np.float32(4)}]))
+    assert acc.read(9, [hook]).values(hook) == {"m": 2.0}  # over the 2 steps since 7, not the 6 since 3
