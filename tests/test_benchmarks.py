@@ -90,6 +90,14 @@ def test_step_pair_times_the_bare_loop_and_both_trees_in_one_process():
     assert sorted(report["median"]) == sorted(figures) and report["base"] == "HEAD"
 
 
+def test_step_parts_times_the_sessions_program_alone_and_the_set_quiet_and_as_usual():
+    report = json.loads(run("step_parts.py", "--cycles", "4", "--steps", "20", "--warmup", "5").stdout)
+    us = report["median_us_per_step"]
+    assert sorted(us) == ["bare", "default_set", "program", "quiet"] and all(v > 0 for v in us.values())
+    assert report["ratio_to_bare"]["bare"] == 1.0
+    assert abs(report["ratio_to_bare"]["program"] - us["program"] / us["bare"]) < 0.01
+
+
 def test_transformer_overhead_times_every_loop_on_the_lm_configs_step():
     result = run("transformer_overhead.py", "--steps", "2", "--cycles", "1", "--warmup", "2", "--override",
                  "model.num_layers=1", "--override", "model.embed_dim=16", "--override", "model.mlp_dim=32")

@@ -6,6 +6,7 @@ comes). Carries are packed by hand on the host; only the restart is jitted."""
 from __future__ import annotations
 
 import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
