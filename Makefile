@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test test-gpu train lint bench bench-peers clean
+.PHONY: install test test-gpu wheels train lint bench bench-peers clean
 
 install: $(STAMP)
 
@@ -22,12 +22,16 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The suite on a GPU machine whose python3 has jax (CUDA), flax, optax, orbax, pytest,
-# tensorboard and pyyaml but no network (no .venv there), on JAX's default platforms: the
-# GPU, with the CPU beside it. Carry the rest as wheels, filled here with
-# `.venv/bin/pip download --no-deps -d .wheels tensorboardX` (add pytest, tensorboard,
-# setuptools>=77, ... for an image that lacks them). See benchmarks/gpu.sh.
+# pytest-xdist, tensorboard and pyyaml but no network (no .venv there), on JAX's default
+# platforms: the GPU, with the CPU beside it, 8 workers. Carry .wheels/ there, filled here
+# by `make wheels`: the rest is installed from it. See benchmarks/gpu.sh.
 test-gpu:
-	bash benchmarks/gpu.sh --test
+	bash benchmarks/gpu.sh --test -n 8 --dist loadfile
+
+# What `make test-gpu` installs from on a machine without network: the packages such an
+# image lacks, and a setuptools that can install this checkout (pyproject.toml needs >= 77).
+wheels: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps -d .wheels tensorboardX grain array_record portpicker 'setuptools>=77'
 
 train: $(STAMP)
 	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default
@@ -38,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/host_cost.py --rounds 7
 	$(PY) benchmarks/trigger_pair.py --base baa03a3 --rounds 4 --cycles 30
 	$(PY) benchmarks/step_pair.py --base baa03a3 --rounds 5 --cycles 20 --steps 500
+	$(PY) benchmarks/step_parts.py --cycles 20 --steps 500
 	$(PY) benchmarks/hooks_overhead.py --steps 2000 --rounds 21
 	$(PY) benchmarks/steps_per_dispatch.py --rounds 11
 	$(PY) benchmarks/steps_per_dispatch.py --workload large --steps 320 --rounds 11
