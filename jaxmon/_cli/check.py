@@ -10,12 +10,13 @@ from typing import Any
 from jaxmon._cli.runs import _size
 
 _CHECK = """\
-Build what a config describes and compile one training step, without training: print
-the resolved config, the parameters per top-level module, the mesh, each state leaf's
-shape and sharding, the global batch, the compiled step's memory per device (XLA's
-memory analysis) and its compile time. A parameter or batch that the mesh cannot split
-is one line naming it, its shape and the mesh axis (exit 2), as is any other config
-error. Run it on the devices you will train on (with the same XLA_FLAGS, on every host).
+Build what a config describes and compile its programs, without training: print the
+resolved config, the parameters per top-level module, the mesh, each state leaf's shape
+and sharding, the global batch, and each program's compile time and memory per device
+(XLA's memory analysis): the step for runs of one step and of session.steps_per_dispatch
+steps, and the evaluation. A parameter or batch that the mesh cannot split is one line
+naming it, its shape and the mesh axis (exit 2), as is any other config error. Run it on
+the devices you will train on (with the same XLA_FLAGS, on every host).
 
   jaxmon check --config configs/lm.py
   XLA_FLAGS=--xla_force_host_platform_device_count=8 jaxmon check --config configs/lm_fsdp.py
@@ -69,7 +70,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append("batch (global):")
     lines += [f"  {key}: {tuple(value['shape'])} {value['dtype']}"
               + (f"  {value['sharding']}" if value["sharding"] else "") for key, value in report["batch"].items()]
-    memory = report["memory_per_device"]
-    lines.append("compiled step, per device: " + ", ".join(f"{name} {_size(n)}" for name, n in memory.items()))
-    lines.append(f"compile time: {report['compile_secs']:.2f} s")
+    lines.append("programs (compile time; memory per device):")
+    width = max(len(program["name"]) for program in report["programs"])
+    lines += [f"  {program['name']:<{width}}  {program['compile_secs']:6.2f} s  "
+              + ", ".join(f"{name} {_size(n)}" for name, n in program["memory_per_device"].items())
+              for program in report["programs"]]
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """`jaxmon check`: what a config will train, before it trains: the resolved config, the
-parameters per top-level module, the mesh, where each parameter lives, the batch, and the
-compiled step's memory per device and compile time."""
+parameters per top-level module, the mesh, where each parameter lives, the batch, and
+each program's compile time and memory per device (the step for runs of one step and of
+`steps_per_dispatch` steps, the evaluation)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
     params = getattr(abstract, "params", abstract)
     batch = {key: jax.ShapeDtypeStruct((parts.data.batch_size, *np.shape(value)[1:]), np.asarray(value).dtype)
              for key, value in parts.data.train.items()}
-    compile_secs, memory = _compile(parts, abstract, batch)
+    programs = _programs(parts, abstract, batch, _steps_per_dispatch(config))
+    compile_secs, memory = programs[0]["compile_secs"], programs[0]["memory_per_device"]
     return {
         "config": config,
         "parameters": _per_module(params),
@@ -48,8 +50,9 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
         "batch": {key: {"shape": list(value.shape), "dtype": str(value.dtype),
                         "sharding": None if parts.layout is None else str(parts.layout.batch_sharding)}
                   for key, value in batch.items()},
-        "compile_secs": round(compile_secs, 3),
+        "compile_secs": compile_secs,
         "memory_per_device": memory,
+        "programs": programs,
     }
 
 
@@ -74,16 +77,55 @@ def _per_module(params: Any) -> dict[str, int]:
     return counts
 
 
-def _compile(parts: Parts, abstract: Any, batch: Mapping[str, jax.ShapeDtypeStruct]) -> tuple[float, dict[str, int]]:
-    """Compiles one training step on the state's and batch's shardings: the seconds it
-    took, and the compiled program's memory per device (XLA's `memory_analysis`)."""
-    if parts.layout is not None:
-        sharding = NamedSharding(parts.mesh, parts.layout.batch_sharding)
-        batch = {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding) for key, value in batch.items()}
+def _steps_per_dispatch(config: Mapping[str, Any]) -> int:
+    session = config.get("session")
+    value = session.get("steps_per_dispatch", 1) if isinstance(session, Mapping) else 1
+    return value if isinstance(value, int) and value > 1 else 1
+
+
+def _programs(parts: Parts, abstract: Any, batch: Mapping[str, jax.ShapeDtypeStruct],
+              steps_per_dispatch: int) -> list[dict[str, Any]]:
+    """Compiles what a run compiles most of its time on: the step for runs of one step,
+    for runs of `steps_per_dispatch` steps (scanned), and the evaluation on one eval
+    batch; each one's name, compile seconds and memory per device (XLA's
+    `memory_analysis`). The session's own programs add its accumulators (a few numbers
+    per hook) and the runs of other lengths its schedules need."""
+    placed = _placed(parts, batch)
+    programs = [_compiled("step, runs of 1 step", jax.jit(parts.task.step_fn, donate_argnums=0), abstract, placed)]
+    if steps_per_dispatch > 1:
+        def scanned(state, batches):
+            state, outputs = jax.lax.scan(parts.task.step_fn, state, batches)
+            return state, jax.tree.map(lambda x: x[-1], outputs)
+
+        stacked = _placed(parts, {key: jax.ShapeDtypeStruct((steps_per_dispatch, *value.shape), value.dtype)
+                                  for key, value in batch.items()}, stacked=True)
+        programs.append(_compiled(f"step, runs of {steps_per_dispatch} steps", jax.jit(scanned, donate_argnums=0),
+                                  abstract, stacked))
+    if parts.eval_batches:
+        example = parts.eval_batches[0]  # given as it is (host arrays), as `EvalHook` gives it
+        eval_batch = {key: jax.ShapeDtypeStruct(np.shape(value), np.asarray(value).dtype)
+                      for key, value in example.items()}
+        programs.append(_compiled("evaluation, one batch", jax.jit(parts.task.eval_fn), abstract, eval_batch))
+    return programs
+
+
+def _placed(parts: Parts, batch: Mapping[str, jax.ShapeDtypeStruct], stacked: bool = False) -> dict[str, Any]:
+    """`batch` on the run's batch sharding (`stacked`: behind a leading steps axis)."""
+    if parts.layout is None:
+        return dict(batch)
+    spec = P(None, *parts.layout.batch_sharding) if stacked else parts.layout.batch_sharding
+    sharding = NamedSharding(parts.mesh, spec)
+    return {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding) for key, value in batch.items()}
+
+
+def _compiled(name: str, fn: Any, *args: Any) -> dict[str, Any]:
+    """Compiles `fn` for `args`: its name, the seconds it took and its memory per device."""
     start = time.perf_counter()
-    compiled = jax.jit(parts.task.step_fn, donate_argnums=0).lower(abstract, batch).compile()
+    compiled = fn.lower(*args).compile()
     seconds = time.perf_counter() - start
     analysis = compiled.memory_analysis()
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
               "generated_code_size_in_bytes")
-    return seconds, {name.removesuffix("_size_in_bytes"): int(getattr(analysis, name, 0) or 0) for name in fields}
+    return {"name": name, "compile_secs": round(seconds, 3),
+            "memory_per_device": {field.removesuffix("_size_in_bytes"): int(getattr(analysis, field, 0) or 0)
+                                  for field in fields}}

@@ -70,14 +70,29 @@ def test_check_prints_the_lm_configs_parameters_mesh_shardings_batch_memory_and_
     out = done.stdout
     for expected in ('"task": "lm"', "parameters:", "block_0", "total", "mesh: none (one device)",
                      "state.params['embed']['embedding']", "(128, 64)", "batch (global):", "x: (16, 64) int32",
-                     "compiled step, per device: argument", "temp", "compile time:"):
+                     "programs (compile time; memory per device):", "step, runs of 1 step", "argument",
+                     "temp", "evaluation, one batch"):
         assert expected in out, (expected, out[-3000:])
+    assert "runs of 4 steps" not in out  # one step per run: no scanned program
+
+
+def test_check_lists_the_program_for_runs_of_steps_per_dispatch_steps_with_its_memory():
+    done = jaxmon("check", "--config", "configs/lm.py", "--config.session.steps_per_dispatch=4", "--json",
+                  timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    programs = {program["name"]: program for program in report["programs"]}
+    assert list(programs) == ["step, runs of 1 step", "step, runs of 4 steps", "evaluation, one batch"]
+    assert all(program["compile_secs"] > 0 for program in programs.values())
+    one, four = (programs[f"step, runs of {n}"]["memory_per_device"] for n in ("1 step", "4 steps"))
+    assert four["argument"] > one["argument"]  # four steps' batches
+    assert report["compile_secs"] == programs["step, runs of 1 step"]["compile_secs"]
 
 
 def test_check_and_a_short_training_in_bfloat16_from_the_command_line(tmp_path):
     done = jaxmon("check", "--config", "configs/lm.py", "--config.model.dtype=bfloat16", timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert '"dtype": "bfloat16"' in done.stdout and "compile time:" in done.stdout
+    assert '"dtype": "bfloat16"' in done.stdout and "step, runs of 1 step" in done.stdout
     workdir = tmp_path / "bf16"
     done = jaxmon("train", "--config", "configs/lm.py", *SHORT, "--config.model.dtype=bfloat16",
                   "--workdir", str(workdir), timeout=300)
