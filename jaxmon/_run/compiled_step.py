@@ -182,13 +182,18 @@ class CompiledStep:
             ahead = self._ahead.get((key, program_steps))
             if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
                 return self._step_by_step(key, state, batch, program_steps, carry)  # while its program compiles
-            if self._ahead.pop((key, program_steps), None) is not None:
-                ahead.result()  # the rest of its compilation, if the background is not done yet
+            first = self._ahead.pop((key, program_steps), None) is not None  # its first call: compile time
+            started = time.perf_counter() if first else 0.0
             try:
-                return variant(*arguments)
+                if first:
+                    ahead.result()  # the rest of its compilation, if the background is not done yet
+                return variant(*arguments)  # the first call traces it again: JAX's caches hold the program
             except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
                 check_batch(batch, step + 1)
                 raise
+            finally:
+                if first:
+                    self._spent["compile"] += time.perf_counter() - started
         check_batch(batch, step + 1)
         if self._convolves is None:  # the first call: what "auto" does depends on the devices and the step
             self.program_steps(state, program_steps)

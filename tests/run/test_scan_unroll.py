@@ -284,3 +284,18 @@ def test_a_run_whose_program_compiles_in_the_background_runs_step_by_step_meanwh
     for got, want in zip(jax.tree.leaves(jax.tree.map(np.asarray, sess.state)), jax.tree.leaves(reference),
                          strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_first_run_of_a_program_compiled_in_the_background_counts_as_compile_time():
+    """Its first call waits for what is left of its compilation and traces it again on the
+    loop's thread: goodput counts that as compile time, and the runs after it as training."""
+    with jm.MonitoredSession(mlp_step, mlp_init, data=mlp_batches() * 2, hooks=[EndsAtStepOne()],
+                             steps_per_dispatch=4, scan_unroll=1) as sess:  # one program per run length
+        sess.run()
+        sess.run()  # 4 steps one by one, while their program compiles in the background
+        sess._dispatch._compiled.wait_ahead()
+        before = sess.time_spent.secs["compile"]
+        sess.run()  # the 4-step program's first call
+        first = sess.time_spent.secs["compile"]
+        sess.run()
+        assert first > before and sess.time_spent.secs["compile"] == first
