@@ -1,5 +1,5 @@
-"""The sections of an experiment config, built: the optimizer, the hooks, and the
-session's arguments."""
+"""The sections of an experiment config, built: the optimizer, the hooks, the `perf`
+section's throughput hook, and the session's arguments."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 import jaxmon
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve
+from jaxmon._ops.throughput import Throughput
 from jaxmon._run.training import MonitoredTrainingSession
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.
@@ -163,3 +165,21 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("warm_start") is not None:
         args["warm_start"] = config["warm_start"]
     return args
+
+
+def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
+                  workdir: str) -> Throughput:
+    """The `perf` section's hook: `{"every_n_steps": 100, "peak_tflops": None}` (None: by the
+    device), counting `batch_size` examples a step (all processes) and, for the "lm"
+    task, as many tokens as their rows (`row`: one example's input) hold; it logs each
+    write. It takes the place of the session's own (which counts no tokens)."""
+    perf = dict(get_key(config, "perf", dict, {}))
+    every = perf.pop("every_n_steps", 100)
+    peak = perf.pop("peak_tflops", None)
+    if perf:
+        raise ConfigError(f"perf has unknown keys {sorted(perf)}; it takes every_n_steps and peak_tflops.")
+    if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0):
+        raise ConfigError(f"perf.peak_tflops={peak!r}: give the peak TFLOP/s of one device (> 0), or None.")
+    tokens = batch_size * int(np.size(row)) if config.get("task") == "lm" else None
+    return Throughput(step_fn, examples_per_step=batch_size, tokens_per_step=tokens, peak_tflops=peak,
+                      every_n_steps=every, output_dir=workdir, log=True)

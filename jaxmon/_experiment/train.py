@@ -21,8 +21,7 @@ from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
-from jaxmon._experiment.sections import hooks_of, session_args_of
-from jaxmon._experiment.throughput import throughput_of
+from jaxmon._experiment.sections import hooks_of, session_args_of, throughput_of
 from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook

@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxmon._base import errors as _errors
 from jaxmon._base.hook import Hook
+from jaxmon._ops.throughput import Throughput
 from jaxmon._run.session import MonitoredSession
 from jaxmon._writers import SummaryWriterCache
 from jaxmon.hooks import CheckpointSaverHook, GoodputHook, StepCounterHook, SummarySaverHook
@@ -26,8 +27,9 @@ class MonitoredTrainingSession(MonitoredSession):
 
     On the chief (by default `jax.process_index() == 0`) the hooks are, in TF's order:
     `chief_only_hooks`, then a `StepCounterHook` (every `log_step_count_steps`) and a
-    `SummarySaverHook` writing into `summary_dir` (with a `GoodputHook` at its cadence:
-    where the run's time went), then a `CheckpointSaverHook`
+    `SummarySaverHook` writing into `summary_dir` (with, at its cadence, a `GoodputHook`:
+    where the run's time went, and `perf/*` summaries: steps, examples, TFLOP/s and MFU
+    per second, see docs/performance.md), then a `CheckpointSaverHook`
     into `checkpoint_dir`, then `hooks`. Other processes get `hooks` only, plus the
     `CheckpointSaverHook` when there are several JAX processes (Orbax saves
     collectively; process 0 writes the metadata). Every process restores the latest
@@ -132,6 +134,9 @@ class MonitoredTrainingSession(MonitoredSession):
                     if not any(isinstance(hook, GoodputHook) for hook in hooks):  # yours replaces it
                         standard.append(GoodputHook(output_dir=summary_dir, every_n_steps=save_summaries_steps,
                                                     every_n_secs=save_summaries_secs))
+                    if not any(isinstance(hook, Throughput) for hook in standard):  # `jaxmon train`'s replaces it
+                        standard.append(Throughput(step_fn, output_dir=summary_dir, every_n_steps=save_summaries_steps,
+                                                   every_n_secs=save_summaries_secs))
         elif jax.process_count() > 1:  # every process compiles the same step: the chief's accumulators, unread
             chief = list(() if chief_only_hooks is None else chief_only_hooks)
             if summary_dir is not None and (save_summaries_steps or save_summaries_secs):

@@ -139,6 +139,9 @@ def plotted_run(tmp_path_factory):
 def test_plot_draws_a_loss_spanning_decades_on_a_log_axis_and_eval_in_its_own_colour(plotted_run, tmp_path):
     series = _cli.read_series(str(plotted_run / "metrics.jsonl"))
     assert series["eval/loss"][0] == [5, 10, 15, 20] and len(series["loss"][0]) == 20
+    assert {tag for tag in series if tag.startswith("perf/")} == {  # the session's throughput (no batch: no
+        "perf/steps_per_sec", "perf/tflops_per_sec_per_device"}       # examples), a panel each
+    series = {tag: values for tag, values in series.items() if not tag.startswith("perf/")}
     panels = _cli.plot_plan({"run": series})
     assert [(p.title, p.yscale) for p in panels] == [("accuracy", "linear"), ("loss", "log")]
     figure = _cli.draw(panels, "run")
@@ -152,7 +155,7 @@ def test_plot_draws_a_loss_spanning_decades_on_a_log_axis_and_eval_in_its_own_co
     plt.close(figure)
 
     out = tmp_path / "curves.png"
-    assert _cli.main(["plot", str(plotted_run), "--out", str(out)]) == 0
+    assert _cli.main(["plot", str(plotted_run), "--out", str(out), "--tags", "loss", "eval/loss", "accuracy"]) == 0
     assert matplotlib.image.imread(out).shape[:2] == (320, 900)  # two panels of one row, at 100 dpi
 
 

@@ -26,6 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps
+from jaxmon._ops.throughput import Throughput
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
@@ -139,7 +140,8 @@ def trained_dir(tmp_path_factory):
 def test_default_arguments_restart_finds_the_final_checkpoint(tmp_path):
     sess = train(2, checkpoint_dir=tmp_path)
     assert sess.is_chief is True  # is_chief=None: jax.process_index() == 0
-    assert hook_types(sess) == [jm.StepCounterHook, jm.SummarySaverHook, jm.GoodputHook, jm.CheckpointSaverHook]
+    assert hook_types(sess) == [jm.StepCounterHook, jm.SummarySaverHook, jm.GoodputHook, Throughput,
+                                jm.CheckpointSaverHook]
     # The 600 s default period never elapsed: step 0 at creation, step 2 at close.
     assert saver_of(sess).saved_steps == [0, 2]
     assert complete_steps(tmp_path) == [0, 2]
@@ -328,20 +330,23 @@ SUMMARIES_EVERY_100 = "Every(every_steps=100, first=True)"
 
 @pytest.mark.parametrize("kwargs, expected", [
     ({}, {"StepCounterHook": EVERY_100, "SummarySaverHook": SUMMARIES_EVERY_100, "GoodputHook": EVERY_100,
-          "CheckpointSaverHook": "Every(every_secs=600)"}),
+          "Throughput": EVERY_100, "CheckpointSaverHook": "Every(every_secs=600)"}),
     ({"save_checkpoint_secs": jm.USE_DEFAULT, "save_summaries_steps": jm.USE_DEFAULT},
      {"StepCounterHook": EVERY_100, "SummarySaverHook": SUMMARIES_EVERY_100, "GoodputHook": EVERY_100,
-      "CheckpointSaverHook": "Every(every_secs=600)"}),
+      "Throughput": EVERY_100, "CheckpointSaverHook": "Every(every_secs=600)"}),
     ({"save_summaries_secs": 30, "save_checkpoint_steps": 50},  # one given: the other off
      {"StepCounterHook": EVERY_100, "SummarySaverHook": "Every(every_secs=30, first=True)",
-      "GoodputHook": "Every(every_secs=30)", "CheckpointSaverHook": "Every(every_steps=50)"}),
+      "GoodputHook": "Every(every_secs=30)", "Throughput": "Every(every_secs=30)",
+      "CheckpointSaverHook": "Every(every_steps=50)"}),
     ({"save_summaries_steps": 7, "save_checkpoint_secs": 30, "log_step_count_steps": 3},
      {"StepCounterHook": "Every(every_steps=3)", "SummarySaverHook": "Every(every_steps=7, first=True)",
-      "GoodputHook": "Every(every_steps=7)", "CheckpointSaverHook": "Every(every_secs=30)"}),
+      "GoodputHook": "Every(every_steps=7)", "Throughput": "Every(every_steps=7)",
+      "CheckpointSaverHook": "Every(every_secs=30)"}),
     ({"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "save_summaries_steps": None,
       "save_summaries_secs": 20},  # a 0 or None beside a period turns only itself off
      {"StepCounterHook": EVERY_100, "SummarySaverHook": "Every(every_secs=20, first=True)",
-      "GoodputHook": "Every(every_secs=20)", "CheckpointSaverHook": "Every(every_steps=50)"}),
+      "GoodputHook": "Every(every_secs=20)", "Throughput": "Every(every_secs=20)",
+      "CheckpointSaverHook": "Every(every_steps=50)"}),
     ({"save_summaries_steps": 0, "save_checkpoint_secs": None, "log_step_count_steps": 0}, {}),
     ({"save_summaries_steps": None, "save_summaries_secs": None, "save_checkpoint_steps": 0,
       "save_checkpoint_secs": 0, "log_step_count_steps": None}, {}),
@@ -351,7 +356,7 @@ def test_periods_resolve_as_tf_does(tmp_path, kwargs, expected):
         timers = {type(hook).__name__: re.search(r"Every\([^)]*\)", repr(hook)).group(0)
                   for hook in sess.hooks}
     assert timers == expected
-    order = ("StepCounterHook", "SummarySaverHook", "GoodputHook", "CheckpointSaverHook")
+    order = ("StepCounterHook", "SummarySaverHook", "GoodputHook", "Throughput", "CheckpointSaverHook")
     assert list(timers) == [name for name in order
                             if name in expected]
 
@@ -364,8 +369,8 @@ def test_hook_order_on_the_chief(tmp_path):  # TF's order
                                      chief_only_hooks=chief) as sess:
         sess.run()
     assert hook_types(sess) == [RecordingHook, RecordingHook, jm.StepCounterHook, jm.SummarySaverHook,
-                                jm.GoodputHook, jm.CheckpointSaverHook, RecordingHook, RecordingHook]
-    assert sess.hooks[:2] == tuple(chief) and sess.hooks[6:] == tuple(user)
+                                jm.GoodputHook, Throughput, jm.CheckpointSaverHook, RecordingHook, RecordingHook]
+    assert sess.hooks[:2] == tuple(chief) and sess.hooks[7:] == tuple(user)
     order = ["chief1", "chief2", "user1", "user2"]
     for event in ("begin", "after_create_session", "before_run", "after_run", "end"):
         assert events(log, event) == order

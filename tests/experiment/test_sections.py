@@ -1,35 +1,22 @@
-"""`perf/*` summaries of `jaxmon train` (`_experiment/throughput.py`): rates, TFLOP/s from
-XLA's count of the step, and MFU, read back from metrics.jsonl against a hand count."""
+"""The `perf` section of `jaxmon train` (`sections.throughput_of`): rates, tokens, TFLOP/s
+from XLA's count of the step, and MFU against the config's peak, read back from
+metrics.jsonl against a hand count; a bad peak refused."""
 
 import json
 import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import ROOT, cpu_env
 
 import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
-from jaxmon._experiment.throughput import peak_tflops, step_flops
 
 OVERRIDES = ["--config.steps=40", "--config.optimizer.learning_rate.decay_steps=40",
              "--config.optimizer.learning_rate.warmup_steps=5", "--config.model.num_layers=1",
              "--config.perf.every_n_steps=20", "--config.perf.peak_tflops=0.5"]
-
-
-def test_the_peak_of_a_device_is_found_by_its_kind():
-    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("TPU v5 lite") == 197.0
-    assert peak_tflops("cpu") is None
-
-
-def test_step_flops_is_xlas_count_of_one_step():
-    def step(state, batch):
-        return state @ batch["x"], {}
-
-    assert step_flops(step, jnp.ones((8, 4)), {"x": np.ones((4, 2), np.float32)}) == 2 * 8 * 4 * 2
 
 
 def test_an_lm_run_writes_perf_summaries_whose_mfu_is_the_hand_count(tmp_path):
