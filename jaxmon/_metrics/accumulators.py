@@ -156,7 +156,10 @@ class Accumulators:
                 "since": [self._since[id(hook)] for hook in self._hooks]}
 
     def _signature(self) -> list[str]:
-        return [f"{type(hook).__name__}.{name}={reduction!r}" for hook, name, reduction in self._entries]
+        """The entries as a checkpoint names them: a hook declared in another's place
+        (`Declared`) under that hook's name, so that every process's match the chief's."""
+        return [f"{hook.label if isinstance(hook, Declared) else type(hook).__name__}.{name}={reduction!r}"
+                for hook, name, reduction in self._entries]
 
     def _fresh(self) -> np.ndarray:
         return self._layout.pack_host([np.array(0, np.int32), *self._inits])
@@ -272,6 +275,19 @@ class Accumulators:
     def compile_count(self) -> int:
         """How many restart programs were compiled (one per set of hooks read together)."""
         return len(self._restart)
+
+
+class Declared(Hook):
+    """The accumulators of `hook`, a hook that runs on the chief only, declared in its place
+    on the other processes: every process compiles the same step, and its windows in a
+    checkpoint match the chief's (they are never read here)."""
+
+    def __init__(self, hook: Hook):
+        self.accumulators = dict(hook.accumulators)
+        self.label = type(hook).__name__
+
+    def __repr__(self) -> str:
+        return f"Declared({self.label}, {sorted(self.accumulators)})"
 
 
 class Read:

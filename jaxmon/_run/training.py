@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxmon._base import errors as _errors
 from jaxmon._base.hook import Hook
+from jaxmon._metrics.accumulators import Declared
 from jaxmon._ops.throughput import Throughput
 from jaxmon._run.session import MonitoredSession
 from jaxmon._writers import SummaryWriterCache
@@ -142,8 +143,7 @@ class MonitoredTrainingSession(MonitoredSession):
             if summary_dir is not None and (save_summaries_steps or save_summaries_secs):
                 chief.append(SummarySaverHook(save_steps=save_summaries_steps, save_secs=save_summaries_secs,
                                               output_dir=summary_dir))  # never begun: it opens nothing
-            if any(hook.accumulators for hook in chief):
-                standard.append(_Accumulators(chief))
+            standard.extend(Declared(hook) for hook in chief if hook.accumulators)
         if checkpoint_dir is not None and (save_checkpoint_steps or save_checkpoint_secs) and (
                 self.is_chief or jax.process_count() > 1):
             standard.append(CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
@@ -235,14 +235,3 @@ def _resolve(steps_name: str, steps: Any, secs_name: str, secs: Any, default: tu
             f"{secs_name}={secs!r}. Give one of them (and None, or leave it out, for the other).")
     return steps or None, secs or None
 
-
-class _Accumulators(Hook):
-    """The accumulators of hooks that run on the chief only, declared on the other
-    processes in the same order, so that every process compiles the same step."""
-
-    def __init__(self, hooks: list[Hook]):
-        self.accumulators = {f"{i}/{name}": reduction for i, hook in enumerate(hooks)
-                             for name, reduction in hook.accumulators.items()}
-
-    def __repr__(self) -> str:
-        return f"_Accumulators({sorted(self.accumulators)})"

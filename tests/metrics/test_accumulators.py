@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._metrics.accumulators import Accumulators, _Layout
+from jaxmon._metrics.accumulators import Accumulators, Declared, _Layout
 from jaxmon._metrics.reductions import FirstNonFinite, Mean, Reduction, check_reduce
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
@@ -305,3 +305,23 @@ def test_a_saved_carry_of_another_layout_starts_the_windows_afresh_with_a_warnin
     assert acc._layout.unpack_host(np.asarray(acc.carry))[1] == {"total": 0.0}
     acc.carry = jnp.asarray(acc._layout.pack_host([np.array(9, np.int32), {"total": np.float32(4)}]))
     assert acc.read(9, [hook]).values(hook) == {"m": 2.0}  # over the 2 steps since 7, not the 6 since 3
+
+
+def test_a_process_that_declares_the_chiefs_hooks_restores_their_windows_quietly(caplog):
+    """Hooks that run on the chief only are declared on the other processes (`Declared`):
+    their windows in a checkpoint (the chief's) match there too; no warning on a resume."""
+    chief = [Reads("bar", m=Mean("loss")), Reads("summaries", outputs=Mean("loss"))]
+    user = Reads("user", u=Mean("loss"))
+    on_chief = Accumulators([*chief, user], on_read=lambda step, values: None)
+    elsewhere = Accumulators([*(Declared(hook) for hook in chief), user], on_read=lambda step, values: None)
+    assert elsewhere._signature() == on_chief._signature()
+    on_chief.start(0)
+    on_chief.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
+    on_chief.carry = jnp.asarray(on_chief._layout.pack_host([np.array(4, np.int32), *(
+        {"total": np.float32(total)} for total in (1, 2, 8))]))
+    saved = on_chief.get_state(4)
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        elsewhere.start(4, saved)
+        elsewhere.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=4, sharding=None)
+    assert caplog.records == []
+    assert elsewhere.read(6, [user]).values(user) == {"u": pytest.approx(8 / 6)}  # restored: its sum, since 0

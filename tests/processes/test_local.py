@@ -360,6 +360,22 @@ def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
 
 @pytest.mark.processes
 @pytest.mark.slow
+def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(tmp_path):
+    """Process 1 declares the chief's summary windows (`Declared`): the chief's checkpoint
+    holds the same windows, so its resume restores them without a warning."""
+    workdir = tmp_path / "run"
+    out, err = _finish(_launch_processes(tiny_config(tmp_path, steps=20), workdir))
+    assert RESULT.search(out), err[-3000:]
+    launcher = _launch_processes(tiny_config(tmp_path, steps=30), workdir)
+    out, err = _finish(launcher)
+    assert launcher.returncode == 0 and RESULT.search(out)[1] == "30", err[-3000:]
+    log = (workdir / "process-1.log").read_text()
+    assert "[process 1/2] Restored step 20 from" in log, log[-2000:]
+    assert "holds the windows" not in log + out + err and "WARNING" not in log, log[-3000:]
+
+
+@pytest.mark.processes
+@pytest.mark.slow
 def test_ctrl_c_saves_every_process_at_one_step_and_exits_130(tmp_path):
     workdir = tmp_path / "run"
     launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.05), workdir)
