@@ -40,7 +40,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -55,6 +55,8 @@ from jaxmon._processes.stragglers import Stragglers
 logger = logging.getLogger("jaxmon")
 
 _MESSAGE_BYTES = 512
+#: The time categories of the hooks' events (`TimeSpent`): not host time a straggler is slow by.
+_HOOK_CATEGORIES = ("hooks", "evaluation", "checkpoint")
 #: The exit code of a process that stops because another process of its run died or
 #: stopped answering (sysexits' EX_TEMPFAIL: the same command, started again on every
 #: process, resumes from the last complete checkpoint).
@@ -209,12 +211,14 @@ class AgreedRuns:
       session: the session, whose `step` is the step number now.
       every_n_steps: agree at least at every multiple of this many steps.
       recreate: `recreate(error)` restores the newest checkpoint after the roll-back `error`.
+      spent: the session's seconds by category (`TimeSpent.secs`): its hooks' events are not
+        host time a straggler is slow by.
     """
 
     def __init__(self, batches: Any, runner: Any, stopping: Any, session: Any, *, every_n_steps: int,
-                 recreate: Callable[[BaseException], None] | None = None):
+                 recreate: Callable[[BaseException], None] | None = None, spent: Mapping[str, float] | None = None):
         self._agreement = Agreement()
-        self._recreate = recreate
+        self._recreate, self._spent = recreate, {} if spent is None else spent
         #: Every process's host time per step, and the reports of a straggler.
         self.stragglers = Stragglers()
         self._batches, self._runner, self._stopping, self._session = batches, runner, stopping, session
@@ -301,10 +305,11 @@ class AgreedRuns:
             except Exception as raised:  # the loader failed: every process stops, this one raises it
                 error = error or raised
         event, deadline = self._runner.next_event()
+        hook_secs = sum(self._spent.get(category, 0.0) for category in _HOOK_CATEGORIES)
         decision = self._agreed(self._agreement, step, stop=stop or self._stopping.requested, error=error,
                                 plan=Plan(event, deadline, batches), every=self.every_n_steps,
-                                host=self.stragglers.measure(step))
-        self.stragglers.agreed(step, decision.hosts, getattr(self._session, "summary_dir", None))
+                                host=self.stragglers.measure(step, hook_secs))
+        self.stragglers.agreed(step, decision.hosts, getattr(self._session, "summary_dir", None), hook_secs)
         self.next = decision.next
         if decision.rollback is not None:  # every process rolls back together, past the latest bad step of any
             if not isinstance(error, RollbackError):

@@ -126,7 +126,7 @@ class MonitoredSession:
         self._stopping = Stopping(self._preemption, agreed=several)
         self._agreed = _agree.AgreedRuns(
             self._batches, self._runner, self._stopping, self, every_n_steps=agree_every_n_steps,
-            recreate=lambda error: self._life.create(self._created, error)) if several else None
+            recreate=lambda error: self._life.create(self._created, error), spent=self._spent.secs) if several else None
         self._watchdog = Watchdog.of(lambda: (self._step, self._closed, self._life.restored_step), watchdog_secs,
                                      watchdog_startup_secs)
         try:

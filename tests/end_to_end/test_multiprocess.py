@@ -265,9 +265,11 @@ WORKER = textwrap.dedent('''
                 step_fn, init_fn, data=Poisoned(), mesh=mesh, checkpoint_dir=os.path.join(workdir, scenario),
                 hooks=[guard, jm.StopAtStepHook(last_step=60)], save_summaries_steps=None, save_checkpoint_steps=10,
                 log_step_count_steps=None), lambda sess: counts.update(guard.get_state()["counts"]), extra=counts)
-        elif scenario == "straggler":  # process 1 sleeps 20 ms after each run: its host holds process 0 up
-            quiet(scenario, batches(), chief_only_hooks=[jm.StopAtStepHook(last_step=40)], agree_every=4,
-                  hooks=[Sleep(0.02)] if pid == 1 else [])
+        elif scenario == "straggler":  # process 1's data takes 20 ms a batch: its host holds process 0 up
+            data = (time.sleep(0.02) or batch for batch in batches()) if pid == 1 else batches()
+            quiet(scenario, data, chief_only_hooks=[jm.StopAtStepHook(last_step=40)], agree_every=4)
+        elif scenario == "uneven_hooks":  # the chief's own hook takes 20 ms a run: hook work, not a straggler
+            quiet(scenario, batches(), chief_only_hooks=[jm.StopAtStepHook(last_step=40), Sleep(0.02)], agree_every=4)
         elif scenario == "hook_error":  # a hook of process 1 only raises at step 8
             train("hook_error", batches(), hooks=[FailAt(8)] if pid == 1 else [])
         elif scenario == "nan":  # batch 9 (step 10) of process 1 is NaN: the global loss is NaN
@@ -353,11 +355,11 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    """The main launch: seven sessions in the same two processes, then SIGTERM to process
-    1 in an eighth; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
+    """The main launch: sessions one after the other in the same two processes, then
+    SIGTERM to process 1 in the last; gives the workers, exited, with `rcs` and `exit_secs` (from SIGTERM to
     the last exit)."""
     scenarios = ["train", "hook_error", "nan", "eod", "shards_full", "shards_half", "shards_resume", "stop_loop13",
-                 "stop_hook13", "eod21", "nan37", "rollback37", "straggler", "slow", "sigterm"]
+                 "stop_hook13", "eod21", "nan37", "rollback37", "straggler", "uneven_hooks", "slow", "sigterm"]
     workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
@@ -479,12 +481,15 @@ def test_a_nan_in_one_process_data_rolls_both_back_together_past_its_batch(main_
                    for line in main_run.lines[i]), main_run.output(i)
 
 
-def test_a_process_whose_host_sleeps_each_step_is_named_a_straggler_on_both(main_run):
+def test_a_process_whose_data_is_slow_is_named_a_straggler_on_both_and_the_chiefs_hooks_never(main_run):
     p0, p1 = both(main_run, "straggler")
     assert p0["ok"] and p1["ok"] and p0["step"] == p1["step"] == 40
-    for i in (0, 1):
+    p0, p1 = both(main_run, "uneven_hooks")  # the chief 20 ms a run slower, in its own hook
+    assert p0["ok"] and p1["ok"] and p0["step"] == p1["step"] == 40
+    for i in (0, 1):  # in every session of the launch, one straggler: process 1 with its slow data
         said = [line for line in main_run.lines[i] if "is a straggler" in line]
         assert len(said) == 1 and "Process 1 is a straggler: " in said[0], main_run.output(i)
+        assert "the median of the other process" in said[0]
     records = [json.loads(line) for line in (main_run.workdir / "straggler" / "metrics.jsonl").read_text().splitlines()]
     [report] = [r for r in records if "stragglers/slowest_process" in r]
     assert report["stragglers/slowest_process"] == 1.0 and report["stragglers/process_1_ms_per_step"] > 15
