@@ -43,6 +43,7 @@ Train, inspect and plot jaxmon runs.
   jaxmon train --config configs/default.py --workdir runs/lr --config.optimizer.learning_rate=1e-3
   jaxmon inspect runs/default
   jaxmon plot runs/default
+  jaxmon launch -n 2 -- python my_training.py
 
 A run's directory holds its checkpoints (one directory per step), TensorBoard event
 files (`tensorboard --logdir runs`) and metrics.jsonl (one JSON line per step).
@@ -133,7 +134,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_train(commands)
     from jaxmon._cli.check import add_check
+    from jaxmon._cli.launcher import add_launch
 
+    add_launch(commands)
     for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
         command.add_argument("--debug", action="store_true", help="print a failure's traceback")
     overrides, rest = _split_overrides(argv)
@@ -257,6 +260,8 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     overrides, rest, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
+        if arg == "--":  # what follows is another command's (`jaxmon launch -- ...`): left as it is
+            return overrides, rest + argv[i:]
         if arg.startswith("--config.") and "=" not in arg and i + 1 < len(argv):
             overrides.append(f"{arg}={argv[i + 1]}")
             i += 2

@@ -90,7 +90,7 @@ def _module_run_by_m() -> str | None:
 def _command() -> str:
     """The command's name for its last line: `jaxmon train`, `jaxmon inspect`, ..."""
     words = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
-    return f"jaxmon {words[0]}" if words and words[0] in ("train", "inspect", "plot", "check") else "jaxmon"
+    return f"jaxmon {words[0]}" if words and words[0] in ("train", "inspect", "plot", "check", "launch") else "jaxmon"
 
 
 def _install(handler: Any) -> dict[int, Any]:

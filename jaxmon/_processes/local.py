@@ -1,11 +1,14 @@
-"""`jaxmon train --processes N`: N processes of one training on this machine.
+"""`jaxmon train --processes N` and `jaxmon launch -n N -- COMMAND`: N processes of one
+training on this machine.
 
-The launcher starts N child processes of the same command (without `--processes`),
+The launcher starts N child processes of the same command (without `--processes`), or
+of the user's COMMAND,
 on the CPU, connected through a coordinator on a free port of 127.0.0.1 by the
 `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` variables, as
 several hosts would be; each keeps the launcher's environment (`XLA_FLAGS`: how many
 CPU devices each has). Process 0's output is shown as it is; each other process's goes
-to `WORKDIR/process-<i>.log`, its warnings and errors shown too, after `[process i]`.
+to `process-<i>.log` in the run's directory (or the log directory), its warnings and
+errors shown too, after `[process i]`.
 
 When a child fails (an exit code other than 0, or a signal), the launcher stops the
 others (SIGTERM, then SIGKILL after `GRACE_SECS`) and exits with that child's code
@@ -32,7 +35,7 @@ from jaxmon._base.paths import open_file
 from jaxmon._cli import signals as _cli_signals
 from jaxmon._experiment.config_file import ConfigError
 
-__all__ = ["GRACE_SECS", "LEVEL_NAMES", "processes_option", "run_processes"]
+__all__ = ["GRACE_SECS", "LEVEL_NAMES", "launch", "processes_option", "run_processes"]
 
 #: Seconds a child has to end after SIGTERM, once another child failed, before SIGKILL. Short: without
 #: its peer a child cannot save, and one waiting in a collective or a save's barrier never ends alone.
@@ -47,8 +50,8 @@ LEVEL_NAMES = "JAXMON_LOG_LEVEL_NAMES"
 _QUIET = re.compile(r"\d\d:\d\d:\d\d (INFO|DEBUG) |I\d{4} ")
 
 
-def processes_option(value: str | None) -> int:
-    """The number `--processes` gives (1 without it).
+def processes_option(value: str | None, option: str = "--processes") -> int:
+    """The number `--processes` (or `option`) gives (1 without it).
 
     Raises:
       ConfigError: `value` is not a whole number >= 1.
@@ -60,7 +63,7 @@ def processes_option(value: str | None) -> int:
     except ValueError:
         count = 0
     if count < 1:
-        raise ConfigError(f"--processes={value!r}: give a whole number of processes >= 1 (e.g. --processes 2; "
+        raise ConfigError(f"{option}={value!r}: give a whole number of processes >= 1 (e.g. {option} 2; "
                           "1 is a plain run).")
     return count
 
@@ -78,23 +81,41 @@ def run_processes(argv: Sequence[str], count: int, workdir: str, *, grace_secs: 
     Raises:
       ConfigError: this process is already one of several, or `workdir` cannot be made.
     """
+    return launch([sys.executable, "-m", "jaxmon", *without_processes(argv)], count, workdir, name="jaxmon train",
+                  grace_secs=grace_secs)
+
+
+def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace_secs: float = GRACE_SECS) -> int:
+    """Runs `command` in `count` child processes connected on 127.0.0.1 (see the module's
+    docstring); returns the exit code.
+
+    Args:
+      command: the program and its arguments.
+      count: how many processes (2 or more).
+      log_dir: where `process-<i>.log` go (created if needed).
+      name: the command that launches, for its lines (`jaxmon train`, `jaxmon launch`).
+      grace_secs: seconds between SIGTERM and SIGKILL when stopping the others.
+
+    Raises:
+      ConfigError: this process is already one of several, or `log_dir` cannot be made.
+    """
     with _cli_signals.loading():
         from jaxmon._processes.launch import detect  # loads JAX (its cluster detection): only to launch
 
     cluster = detect()
     if cluster.processes > 1:
-        raise ConfigError(f"--processes {count} starts processes on this machine, but this process is already one "
-                          f"of {cluster.processes} ({cluster.source}): drop --processes.")
-    _make_workdir(workdir)
+        raise ConfigError(f"{name} starts {count} processes on this machine, but this process is already one of "
+                          f"{cluster.processes} ({cluster.source}): run the program without it.")
+    _make_workdir(log_dir)
     address = f"127.0.0.1:{_free_port()}"
-    command = [sys.executable, "-m", "jaxmon", *without_processes(argv)]
-    logs = [os.path.join(workdir, f"process-{i}.log") for i in range(count)]
+    logs = [os.path.join(log_dir, f"process-{i}.log") for i in range(count)]
     others = "process 1's" if count == 2 else f"processes 1 to {count - 1}'s"
-    print(f"Training in {count} processes on the CPU of this machine (coordinator {address}): process 0's output "
-          f"follows; {others} goes to {os.path.join(workdir, 'process-<i>.log')}, warnings and errors shown "
+    what = "Training" if name == "jaxmon train" else "Running"
+    print(f"{what} in {count} processes on the CPU of this machine (coordinator {address}): process 0's output "
+          f"follows; {others} goes to {os.path.join(log_dir, 'process-<i>.log')}, warnings and errors shown "
           "here too.", flush=True)
     sys.stderr.flush()
-    return _Children(command, address, logs, grace_secs).run()
+    return _Children(list(command), address, logs, grace_secs, name=name).run()
 
 
 def without_processes(argv: Sequence[str]) -> list[str]:
@@ -115,8 +136,9 @@ class _Children:
     """The child processes of one launch: started, their output routed, watched until
     they all end."""
 
-    def __init__(self, command: list[str], address: str, logs: list[str], grace_secs: float):
-        self._command, self._address, self._logs, self._grace = command, address, logs, grace_secs
+    def __init__(self, command: list[str], address: str, logs: list[str], grace_secs: float,
+                 name: str = "jaxmon train"):
+        self._command, self._address, self._logs, self._grace, self._name = command, address, logs, grace_secs, name
         self._processes: list[subprocess.Popen] = []
         self._signals: list[int] = []
         self._print_lock = threading.Lock()
@@ -253,7 +275,7 @@ class _Children:
 
     def _say(self, message: str) -> None:
         with self._print_lock:
-            print(f"jaxmon train: {message}", file=sys.stderr, flush=True)
+            print(f"{self._name}: {message}", file=sys.stderr, flush=True)
 
 
 def _blame(code: int) -> int:
