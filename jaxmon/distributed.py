@@ -71,7 +71,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       coordinator_address: `host:port` of process 0; default `$JAX_COORDINATOR_ADDRESS`
         (or what JAX detects on SLURM, Kubernetes, TPU pods, ...).
       num_processes: default `$JAX_NUM_PROCESSES`.
-      process_id: this process's index; default `$JAX_PROCESS_ID`.
+      process_id: this process's index; default `$JAX_PROCESS_ID`, else a Kubernetes indexed
+        Job's `$JOB_COMPLETION_INDEX` (with `$JAX_NUM_PROCESSES` set).
       initialization_timeout: seconds to wait for every process to connect.
       preemption_sync: turn on JAX's preemption service, so that SIGTERM on any process
         makes every process save and stop at one agreed step.
@@ -86,6 +87,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and os.environ.get("JAX_PROCESS_ID"):
         process_id = int(os.environ["JAX_PROCESS_ID"])
+    elif process_id is None and num_processes is not None and os.environ.get("JOB_COMPLETION_INDEX"):
+        process_id = int(os.environ["JOB_COMPLETION_INDEX"])  # a pod of a Kubernetes indexed Job
     if preemption_sync:
         jax.config.update("jax_enable_preemption_service", True)
     with _clean_fatal_errors():

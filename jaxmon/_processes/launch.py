@@ -1,8 +1,9 @@
 """Whether `jaxmon train` is one of several JAX processes, and connecting them.
 
 The same command runs on every host. A process is one of several when the
-`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` variables say so,
-or when it runs in a cluster that `jax.distributed.initialize()` detects by itself
+`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` variables say so
+(a Kubernetes indexed Job's `JOB_COMPLETION_INDEX` standing for the last), or when it
+runs in a cluster that `jax.distributed.initialize()` detects by itself
 (JAX's own detection: SLURM, Open MPI's `mpirun`, a Cloud TPU slice, a Kubernetes
 Job), with more than one process; it then connects to the others before anything
 touches a device. A single process (a laptop, one SLURM task, one TPU host) never
@@ -27,6 +28,8 @@ logger = logging.getLogger("jaxmon")
 
 #: The variables `jax.distributed.initialize()` reads.
 VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+#: A Kubernetes indexed Job's pod index: the process id where JAX_NUM_PROCESSES is set and JAX_PROCESS_ID is not.
+KUBERNETES_INDEX = "JOB_COMPLETION_INDEX"
 
 #: What to call JAX's cluster environments (its `jax._src.clusters` classes) in messages.
 _NAMES = {"SlurmCluster": "SLURM", "OmpiCluster": "Open MPI", "GceTpuCluster": "a Cloud TPU slice",
@@ -49,6 +52,9 @@ def detect() -> Cluster:
       ConfigError: the `JAX_*` variables are set but incomplete or not numbers.
     """
     given = {name: os.environ[name].strip() for name in VARIABLES if os.environ.get(name, "").strip()}
+    index = os.environ.get(KUBERNETES_INDEX, "").strip()
+    if "JAX_NUM_PROCESSES" in given and "JAX_PROCESS_ID" not in given and index:  # a pod of an indexed Job
+        given["JAX_PROCESS_ID"] = index
     if "JAX_NUM_PROCESSES" not in given:
         env = _cluster_env()
         if env is not None:
