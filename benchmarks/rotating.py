@@ -66,6 +66,22 @@ def session_runner(sess) -> Callable[[int], Any]:
     return run
 
 
+def blocks(loops: dict[str, Callable[[int], Any]], cycles: int, steps: int, warmup: int) -> dict[str, float]:
+    """Median microseconds per step of each loop, in this process: `warmup` steps of each
+    first, then `cycles` blocks of `steps` steps of each, the order rotating every cycle,
+    each block timed up to its last state being ready. `loops[name](n)` runs `n` more
+    steps and returns the state."""
+    for loop in loops.values():
+        jax.block_until_ready(loop(warmup))
+    names, times = list(loops), {name: [] for name in loops}
+    for cycle in range(cycles):
+        for name in names[cycle % len(names):] + names[:cycle % len(names)]:
+            start = time.perf_counter()
+            jax.block_until_ready(loops[name](steps))
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(values) * 1e6 for name, values in times.items()}
+
+
 def rotate(measures: dict[str, Callable[[int], float]], steps: int, rounds: int) -> dict[str, list[float]]:
     """Microseconds per step of each variant, one figure per round. `measures[name](steps)`
     builds the variant afresh, times `steps` steps and returns microseconds per step; the

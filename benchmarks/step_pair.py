@@ -31,16 +31,10 @@ from trigger_pair import default_sets, run_rounds
 
 def one_round(base_dir: str, cycles: int, steps: int, warmup: int) -> dict[str, float]:
     """One process: the three loops, `cycles` blocks of `steps` steps each, rotating."""
-    import time
-
-    import jax
     from core_overhead import make_workload
-    from rotating import bare_runner
+    from rotating import bare_runner, blocks
 
     init_fn, step_fn, batch = workload = make_workload()
-    run_bare = bare_runner(step_fn, init_fn, batch)
-
-    times: dict[str, list[float]] = {"bare": [], "base": [], "this": []}
     with tempfile.TemporaryDirectory() as directory:
         sessions = default_sets(base_dir, workload, directory)
 
@@ -50,18 +44,10 @@ def one_round(base_dir: str, cycles: int, steps: int, warmup: int) -> dict[str, 
                 sess.run()
             return sess.state
 
-        loops = {"bare": run_bare, "base": lambda n: run_session("base", n), "this": lambda n: run_session("this", n)}
-        for loop in loops.values():
-            jax.block_until_ready(loop(warmup))
-        names = list(loops)
-        for cycle in range(cycles):
-            for name in names[cycle % 3:] + names[:cycle % 3]:
-                start = time.perf_counter()
-                jax.block_until_ready(loops[name](steps))
-                times[name].append((time.perf_counter() - start) / steps)
+        us = blocks({"bare": bare_runner(step_fn, init_fn, batch), "base": lambda n: run_session("base", n),
+                     "this": lambda n: run_session("this", n)}, cycles, steps, warmup)
         for sess in sessions.values():
             sess.close()
-    us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
     return {**{f"{name}_us": round(value, 2) for name, value in us.items()},
             "this_over_bare": round(us["this"] / us["bare"], 3), "base_over_bare": round(us["base"] / us["bare"], 3),
             "this_over_base": round(us["this"] / us["base"], 3)}

@@ -18,9 +18,7 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import tempfile
-import time
 
 
 def main() -> None:
@@ -30,10 +28,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300)
     args = parser.parse_args()
 
-    import jax
     import jax.numpy as jnp
     from core_overhead import make_workload
-    from rotating import bare_runner, format_logs_into_void
+    from rotating import bare_runner, blocks, format_logs_into_void
 
     import jaxmon as jm
 
@@ -56,9 +53,8 @@ def main() -> None:
             return sess.state
         return run
 
-    loops = {"bare": bare_runner(step_fn, init_fn, batch), **{k: run_session(s) for k, s in sessions.items()}}
-    for loop in loops.values():
-        jax.block_until_ready(loop(args.warmup))
+    for sess in sessions.values():
+        sess.run()  # the step compiled: its program, to call alone
     program = sessions["quiet"]._dispatch._compiled  # noqa: SLF001 - the step as the session compiled it
     variant = program._variants[(), 1]  # noqa: SLF001
     alone = [init_fn(), jnp.copy(sessions["quiet"]._accumulators.carry)]  # noqa: SLF001
@@ -68,17 +64,11 @@ def main() -> None:
             alone[0], _, _, alone[1] = variant(alone[0], batch, alone[1])
         return alone[0]
 
-    loops["program"] = run_program
-    jax.block_until_ready(run_program(args.warmup))
-    names, times = list(loops), {name: [] for name in loops}
-    for cycle in range(args.cycles):
-        for name in names[cycle % len(names):] + names[:cycle % len(names)]:
-            start = time.perf_counter()
-            jax.block_until_ready(loops[name](args.steps))
-            times[name].append((time.perf_counter() - start) / args.steps)
+    loops = {"bare": bare_runner(step_fn, init_fn, batch), **{k: run_session(s) for k, s in sessions.items()},
+             "program": run_program}
+    us = blocks(loops, args.cycles, args.steps, args.warmup)
     for sess in sessions.values():
         sess.close()
-    us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
     print(json.dumps({"median_us_per_step": {k: round(v, 2) for k, v in us.items()},
                       "ratio_to_bare": {k: round(v / us["bare"], 3) for k, v in us.items()}}, indent=1))
 

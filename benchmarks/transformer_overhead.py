@@ -21,12 +21,10 @@ import itertools
 import json
 import os
 import platform
-import statistics
 import tempfile
-import time
 
 import jax
-from rotating import bare_runner, format_logs_into_void
+from rotating import bare_runner, blocks, format_logs_into_void
 
 import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
@@ -70,18 +68,9 @@ def main() -> None:
             return sess.state
 
         loops = {"bare": bare, **{name: (lambda n, sess=sess: run(sess, n)) for name, sess in sessions.items()}}
-        for loop in loops.values():
-            jax.block_until_ready(loop(args.warmup))
-        times = {name: [] for name in loops}
-        names = list(loops)
-        for cycle in range(args.cycles):
-            for name in names[cycle % len(names):] + names[:cycle % len(names)]:
-                start = time.perf_counter()
-                jax.block_until_ready(loops[name](args.steps))
-                times[name].append((time.perf_counter() - start) / args.steps)
+        us = blocks(loops, args.cycles, args.steps, args.warmup)
         for sess in sessions.values():
             sess.close()
-    us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
     print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} cpus, {jax.devices()[0].device_kind}, "
                                  f"jax {jax.__version__}",
                       "overrides": args.override, "median_us_per_step": {k: round(v, 1) for k, v in us.items()},
