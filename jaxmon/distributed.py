@@ -22,11 +22,11 @@ collective (at once on CPU, where gloo reports the closed connection) or agreeme
 at exit it skips JAX's shutdown barrier, which would wait for the dead process, and ends
 with exit code 75 (`PEER_LOST_EXIT_CODE`). Where the survivor does not notice by itself
 (the coordinator, process 0, died: JAX's coordination client notices within
-milliseconds; a collective that hangs: its heartbeat timeout, `heartbeat_timeout_seconds`,
-100 s by default), JAX's client ends the process: its default, a fatal log with a native
-stack trace, is replaced by one line on stderr and exit code 75 (after up to
-`GRACE_SECS` for a main thread that already raised `PeerError` to end the process
-itself).
+milliseconds; a peer that hangs: the heartbeat timeout, `heartbeat_timeout_seconds`,
+`HEARTBEAT_TIMEOUT_SECS` here where JAX's is 100 s), JAX's client ends the process:
+its default, a fatal log with a native stack trace, is replaced by one line on stderr
+and exit code 75 (after up to `GRACE_SECS` for a main thread that already raised
+`PeerError` to end the process itself).
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ GRACE_SECS = 10.0
 #: The attribute of `jax._src.distributed` that makes JAX's coordination client (jaxlib's module).
 _CLIENT_MODULE = "_jax"
 _terminate: list[Any] = []  # the C++ terminate handler installed (kept alive), and the one it replaced
+#: Seconds a process may stop answering (hung, or stopped) before the coordinator declares it
+#: dead and the others stop: JAX's 100 s left a survivor waiting over a minute. Heartbeats
+#: come from a thread of their own, so a long compile or save does not miss them.
+HEARTBEAT_TIMEOUT_SECS = 20
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -79,8 +83,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       log_prefix: prefix the `jaxmon` logger's lines with `[process i/n]`.
       **kwargs: passed on to `jax.distributed.initialize` (e.g. `local_device_ids`, or
         `heartbeat_timeout_seconds`: how long a process may stop answering before the
-        coordinator declares it dead and the others stop, 100 s by default; a process
-        that dies with its connections closed is noticed at once).
+        coordinator declares it dead and the others stop, `HEARTBEAT_TIMEOUT_SECS` by
+        default; a process that dies with its connections closed is noticed at once).
     """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
@@ -91,6 +95,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         process_id = int(os.environ["JOB_COMPLETION_INDEX"])  # a pod of a Kubernetes indexed Job
     if preemption_sync:
         jax.config.update("jax_enable_preemption_service", True)
+    kwargs.setdefault("heartbeat_timeout_seconds", HEARTBEAT_TIMEOUT_SECS)
     with _clean_fatal_errors():
         jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id,
                                    initialization_timeout=initialization_timeout, **kwargs)

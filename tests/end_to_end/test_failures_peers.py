@@ -1,4 +1,6 @@
-"""A dying peer: two `jaxmon train` processes on 127.0.0.1, one SIGKILLed mid-run.
+"""A dying peer: two `jaxmon train` processes on 127.0.0.1, one SIGKILLed mid-run, or
+process 1 stopped (SIGSTOP: hung, its connections open), which the heartbeat timeout
+catches.
 
 The survivor must end within 30 s with exit code 75 (`PeerError.exit_code` for a lost
 peer) and one clear last line naming the peer failure, without a native dump, whether
@@ -166,3 +168,35 @@ def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exact
     assert jax.tree.structure(resumed) == jax.tree.structure(expected)
     for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_hung_peer_ends_the_other_with_75_and_one_line_within_30_seconds(tmp_path):
+    """Process 1 stopped (SIGSTOP: alive, answering nothing, its connections open): the
+    coordinator's missed heartbeats end process 0, as its lost peer, with one line."""
+    workdir = tmp_path / "run"
+    processes = _start(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
+    try:
+        deadline = time.monotonic() + 300
+        while (jm.latest_checkpoint_step(workdir) or 0) < 20:
+            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+            assert time.monotonic() < deadline, f"no checkpoint 20 in {workdir}"
+            time.sleep(0.1)
+        os.kill(processes[1].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        out, err = processes[0].communicate(timeout=40)
+        seconds = time.monotonic() - start
+    finally:
+        if processes[1].poll() is None:
+            os.kill(processes[1].pid, signal.SIGCONT)
+        _kill_all(processes)
+    print(f"SIGSTOP of process 1: process 0 ended {seconds:.2f} s later, exit {processes[0].returncode}")
+    assert processes[0].returncode == _agree.PEER_LOST_EXIT_CODE, err[-3000:]
+    assert seconds < 30, seconds
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("jaxmon train: PeerError: ") and "stopped answering" in last, err[-3000:]
+    assert len((out + err).strip().splitlines()) < 15, out + err
+    for word in NATIVE:
+        assert word not in err, (word, err[-3000:])
+    assert not FATAL_LOG.search(err), err[-3000:]
