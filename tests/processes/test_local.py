@@ -376,6 +376,28 @@ def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(tmp_path):
 
 @pytest.mark.processes
 @pytest.mark.slow
+def test_a_hung_worker_ends_the_launch_with_75_and_one_line_within_30_seconds(tmp_path):
+    """Process 1 stopped (SIGSTOP): process 0 ends at the heartbeat timeout with 75, and the
+    launcher stops process 1 and ends with 75, after one line naming process 0."""
+    workdir = tmp_path / "run"
+    launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
+    try:
+        _wait_for_checkpoint(workdir, launcher, 20)
+        os.kill(_children(launcher.pid)[1], signal.SIGSTOP)
+        start = time.monotonic()
+        out, err = launcher.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        _stop(launcher)
+    print(f"SIGSTOP of process 1: the launcher ended {seconds:.2f} s later, exit {launcher.returncode}")
+    assert launcher.returncode == 75 and seconds < 30, (seconds, err[-3000:])
+    assert err.strip().splitlines()[-1] == ("jaxmon train: process 0 of 2 exited with code 75 (its output is above); "
+                                            "the other processes were stopped."), err[-3000:]
+    assert "stopped answering" in err and "Traceback" not in err and not re.search(r"^F\d{4} ", err, re.M), err
+
+
+@pytest.mark.processes
+@pytest.mark.slow
 def test_ctrl_c_saves_every_process_at_one_step_and_exits_130(tmp_path):
     workdir = tmp_path / "run"
     launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.05), workdir)
