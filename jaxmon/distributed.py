@@ -66,6 +66,23 @@ _terminate: list[Any] = []  # the C++ terminate handler installed (kept alive), 
 HEARTBEAT_TIMEOUT_SECS = 20
 
 
+#: The variables `jax.distributed.initialize()` reads.
+VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+#: A Kubernetes indexed Job's pod index: the process id where JAX_NUM_PROCESSES is set and JAX_PROCESS_ID is not.
+KUBERNETES_INDEX = "JOB_COMPLETION_INDEX"
+
+
+def variables() -> dict[str, str]:
+    """The `VARIABLES` set in this process's environment (stripped); a Kubernetes indexed
+    Job's pod index stands for `JAX_PROCESS_ID` where `JAX_NUM_PROCESSES` is set and it
+    is not."""
+    given = {name: os.environ[name].strip() for name in VARIABLES if os.environ.get(name, "").strip()}
+    index = os.environ.get(KUBERNETES_INDEX, "").strip()
+    if "JAX_NUM_PROCESSES" in given and "JAX_PROCESS_ID" not in given and index:
+        given["JAX_PROCESS_ID"] = index
+    return given
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, initialization_timeout: int = 300,
                preemption_sync: bool = True, log_prefix: bool = True, **kwargs) -> None:
@@ -86,13 +103,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         coordinator declares it dead and the others stop, `HEARTBEAT_TIMEOUT_SECS` by
         default; a process that dies with its connections closed is noticed at once).
     """
-    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
-        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
-        process_id = int(os.environ["JAX_PROCESS_ID"])
-    elif process_id is None and num_processes is not None and os.environ.get("JOB_COMPLETION_INDEX"):
-        process_id = int(os.environ["JOB_COMPLETION_INDEX"])  # a pod of a Kubernetes indexed Job
+    given = variables()
+    coordinator_address = coordinator_address or given.get("JAX_COORDINATOR_ADDRESS")
+    if num_processes is None and "JAX_NUM_PROCESSES" in given:
+        num_processes = int(given["JAX_NUM_PROCESSES"])
+    if process_id is None and "JAX_PROCESS_ID" in given:
+        process_id = int(given["JAX_PROCESS_ID"])
     if preemption_sync:
         jax.config.update("jax_enable_preemption_service", True)
     kwargs.setdefault("heartbeat_timeout_seconds", HEARTBEAT_TIMEOUT_SECS)

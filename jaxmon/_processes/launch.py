@@ -13,12 +13,12 @@ tries to connect.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from typing import Any, NamedTuple
 
 import jax
 
+from jaxmon import distributed
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._processes import agree as _agree
 
@@ -26,10 +26,6 @@ __all__ = ["Cluster", "connect", "detect"]
 
 logger = logging.getLogger("jaxmon")
 
-#: The variables `jax.distributed.initialize()` reads.
-VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-#: A Kubernetes indexed Job's pod index: the process id where JAX_NUM_PROCESSES is set and JAX_PROCESS_ID is not.
-KUBERNETES_INDEX = "JOB_COMPLETION_INDEX"
 
 #: What to call JAX's cluster environments (its `jax._src.clusters` classes) in messages.
 _NAMES = {"SlurmCluster": "SLURM", "OmpiCluster": "Open MPI", "GceTpuCluster": "a Cloud TPU slice",
@@ -51,10 +47,7 @@ def detect() -> Cluster:
     Raises:
       ConfigError: the `JAX_*` variables are set but incomplete or not numbers.
     """
-    given = {name: os.environ[name].strip() for name in VARIABLES if os.environ.get(name, "").strip()}
-    index = os.environ.get(KUBERNETES_INDEX, "").strip()
-    if "JAX_NUM_PROCESSES" in given and "JAX_PROCESS_ID" not in given and index:  # a pod of an indexed Job
-        given["JAX_PROCESS_ID"] = index
+    given = distributed.variables()
     if "JAX_NUM_PROCESSES" not in given:
         env = _cluster_env()
         if env is not None:
@@ -85,8 +78,6 @@ def connect() -> Cluster:
     _agree.failure_line["prefix"] = "jaxmon train: "
     cluster = detect()
     if cluster.processes > 1 and not jax.distributed.is_initialized():
-        from jaxmon import distributed
-
         logger.info("One of %d processes (%s): connecting to the others.", cluster.processes, cluster.source)
         distributed.initialize()
     return cluster
