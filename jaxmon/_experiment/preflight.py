@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxmon._experiment.keys import check_top_level
 from jaxmon._experiment.parts import Parts, parts_of
+from jaxmon._experiment.sections import session_args_of
 
 __all__ = ["check_experiment"]
 
@@ -37,7 +38,8 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
     params = getattr(abstract, "params", abstract)
     batch = {key: jax.ShapeDtypeStruct((parts.data.batch_size, *np.shape(value)[1:]), np.asarray(value).dtype)
              for key, value in parts.data.train.items()}
-    programs = _programs(parts, abstract, batch, _steps_per_dispatch(config))
+    steps_per_dispatch = session_args_of(config).get("steps_per_dispatch", 1)
+    programs = _programs(parts, abstract, batch, steps_per_dispatch if isinstance(steps_per_dispatch, int) else 1)
     compile_secs, memory = programs[0]["compile_secs"], programs[0]["memory_per_device"]
     return {
         "config": config,
@@ -75,12 +77,6 @@ def _per_module(params: Any) -> dict[str, int]:
             counts[str(name)] = sum(math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(sub))
     counts["total"] = sum(math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(params))
     return counts
-
-
-def _steps_per_dispatch(config: Mapping[str, Any]) -> int:
-    session = config.get("session")
-    value = session.get("steps_per_dispatch", 1) if isinstance(session, Mapping) else 1
-    return value if isinstance(value, int) and value > 1 else 1
 
 
 def _programs(parts: Parts, abstract: Any, batch: Mapping[str, jax.ShapeDtypeStruct],
