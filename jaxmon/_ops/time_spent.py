@@ -4,11 +4,11 @@ Each part times its own work on the loop's thread and adds it to one category: t
 iterator (`data`), the first call of each compiled step (`compile`; for a program
 compiled in the background, its first call waits for the rest of its compile and traces
 it again), building or restoring the state (`restore`), the hooks' events (`checkpoint`
-for a checkpoint saver's, `evaluation` for an `EvalHook`'s, `hooks` for the rest). The rest of the
-session's life is productive: dispatching steps and waiting for the device. A quiet run
-costs one clock pair, for its batch. `jm.GoodputHook` turns them into the run's
-breakdown, with the steps a restart redid (`lost`) and the time between two processes
-of the run (`idle`).
+for a checkpoint saver's, `evaluation` for an `EvalHook`'s, `hooks` for the rest). The
+rest of the session's life is productive: dispatching steps and waiting for the device.
+A quiet run costs one clock pair, for its batch. `jm.GoodputHook` turns them into the
+run's breakdown, with the steps a restart redid (`lost`) and the time between two
+processes of the run (`idle`).
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 training on this machine.
 
 The launcher starts N child processes of the same command (without `--processes`), or
-of the user's COMMAND,
-on the CPU, connected through a coordinator on a free port of 127.0.0.1 by the
-`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` variables, as
-several hosts would be; each keeps the launcher's environment (`XLA_FLAGS`: how many
+of the user's COMMAND, on the CPU, connected through a coordinator on a free port of
+127.0.0.1 by the `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`
+variables, as several hosts would be; each keeps the launcher's environment (`XLA_FLAGS`: how many
 CPU devices each has). Process 0's output is shown as it is; each other process's goes
 to `process-<i>.log` in the run's directory (or the log directory), its warnings and
 errors shown too, after `[process i]`.
