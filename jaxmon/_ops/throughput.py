@@ -23,10 +23,10 @@ import jax
 import numpy as np
 
 from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._run.batches import abstract, one_step
 from jaxmon._writers import WriterSlot
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 
@@ -66,6 +66,8 @@ class Throughput(TimedHook):
       every_n_steps, every_n_secs: the period.
       output_dir: where the summaries go (with the run's other summaries).
       log: also log each write as one line.
+
+    `figures` holds the last write's values by tag (`ProgressBarHook` shows them).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, examples_per_step: int | None = None,
@@ -80,6 +82,7 @@ class Throughput(TimedHook):
         self._started = False  # a run since the session was created (its first, which compiles, starts the clock)
         self._counting: threading.Thread | None = None  # counts the step's FLOPs, from the first run on
         self._flops: float | None = None
+        self.figures: dict[str, float] = {}  # the last write's `perf/*` values
 
     def begin(self) -> None:
         self._slot.open()
@@ -130,6 +133,7 @@ class Throughput(TimedHook):
             peak = self._peak or peak_tflops(jax.devices()[0].device_kind)
             if peak:
                 scalars["perf/mfu"] = tflops / peak
+        self.figures = scalars
         if self._log:
             logger.info("perf at step %d: %s", step, ", ".join(f"{k.removeprefix('perf/')} {v:.4g}"
                                                                for k, v in scalars.items()))

@@ -13,9 +13,9 @@ import numpy as np
 
 from jaxmon._base.errors import check_int
 from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._checkpoints import manager as _checkpoint
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from jaxmon._base.errors import check_number, check_on_error
 from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._ops import report_thread
 from jaxmon._ops.time_spent import CATEGORIES, FILE, breakdown, read_record, write_record
 from jaxmon._writers.slot import WriterSlot
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 

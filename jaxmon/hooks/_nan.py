@@ -12,11 +12,11 @@ from typing import Any
 from jaxmon._base import errors as _errors
 from jaxmon._base.errors import NanLossDuringTrainingError, RollbackError
 from jaxmon._base.hook import RunArgs, RunContext
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._checkpoints.manager import complete_steps
 from jaxmon._metrics.reductions import FirstNonFinite
 from jaxmon._writers.slot import WriterSlot
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 

@@ -12,8 +12,8 @@ import jax
 
 from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 

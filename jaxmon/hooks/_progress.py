@@ -15,10 +15,11 @@ import numpy as np
 
 from jaxmon._base.errors import check_int, check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
+from jaxmon._ops.throughput import Throughput
 from jaxmon.hooks._stop import StopAtStepHook
-from jaxmon.hooks._timed import TimedHook
 
 
 class ProgressBarHook(TimedHook):
@@ -30,7 +31,9 @@ class ProgressBarHook(TimedHook):
     with `reduce="mean"` (default) each scalar's mean over the steps since the last
     refresh, accumulated on the device; with `"last"` its value at the refresh step. A
     reduction (`{"loss": jm.Ratio("loss_sum", "tokens")}`) covers the same steps. The
-    last refresh, at the end, shows the steps since the one before.
+    last refresh, at the end, shows the steps since the one before. In a
+    `MonitoredTrainingSession` the bar also shows the latest `perf/*` figures: tokens
+    (or examples) per second, TFLOP/s per device and MFU, where they are known.
 
     Args:
       total_steps: the last step; None takes it from a `StopAtStepHook` of the session.
@@ -69,6 +72,7 @@ class ProgressBarHook(TimedHook):
         self._start: tuple[int, float] | None = None
         self._total: int | None = None
         self._drawn, self._console = False, None  # the console that renders the bar (on the first draw)
+        self._perf: Throughput | None = None  # the session's `perf/*` service, if it has one
         self._shown: dict[str, Any] = {}
         self._refreshed: int | None = None
         self.reduce = check_reduce("ProgressBarHook", reduce)
@@ -91,6 +95,7 @@ class ProgressBarHook(TimedHook):
         self._refreshed = session.step
         self.timer.start(session.step)
         self._total = self.total_steps
+        self._perf = next((hook for hook in session.hooks if isinstance(hook, Throughput)), None)
         if self._total is None:
             stops = [hook.last_step for hook in session.hooks if isinstance(hook, StopAtStepHook)]
             self._total = min((s for s in stops if s is not None), default=None)
@@ -134,6 +139,7 @@ class ProgressBarHook(TimedHook):
             parts.append(f"ETA {_clock_time(max(self._total - step, 0) / rate)}")
         parts.append(f"{rate:.1f} steps/s")
         parts += [f"{name} {np.asarray(value).item():.4g}" for name, value in shown.items() if np.size(value) == 1]
+        parts += _perf_parts(self._perf.figures if self._perf is not None else {})
         stream = self._stream or sys.stderr
         stream.write("\r" + self._line(step, "  ".join(parts), stream) + "\x1b[K")
         stream.flush()
@@ -167,6 +173,21 @@ class ProgressBarHook(TimedHook):
 
     def __repr__(self) -> str:
         return f"ProgressBarHook(total_steps={self.total_steps})"
+
+
+def _perf_parts(figures: Mapping[str, float]) -> list[str]:
+    """The bar's words for the `perf/*` figures: tokens (else examples) per second,
+    TFLOP/s per device and MFU, those known."""
+    parts = []
+    if "perf/tokens_per_sec" in figures:
+        parts.append(f"{figures['perf/tokens_per_sec']:.4g} tokens/s")
+    elif "perf/examples_per_sec" in figures:
+        parts.append(f"{figures['perf/examples_per_sec']:.4g} examples/s")
+    if "perf/tflops_per_sec_per_device" in figures:
+        parts.append(f"{figures['perf/tflops_per_sec_per_device']:.3g} TFLOP/s")
+    if "perf/mfu" in figures:
+        parts.append(f"MFU {figures['perf/mfu']:.1%}")
+    return parts
 
 
 def _clock_time(seconds: float) -> str:

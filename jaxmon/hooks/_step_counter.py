@@ -13,11 +13,11 @@ import numpy as np
 
 from jaxmon._base.errors import check_int, check_on_error
 from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._ops import report_thread
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
-from jaxmon.hooks._timed import TimedHook
 
 logger = logging.getLogger("jaxmon")
 

@@ -14,12 +14,12 @@ import numpy as np
 from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.paths import by_path
+from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
 from jaxmon._ops import report_thread
 from jaxmon._run import fetches as _fetches
 from jaxmon._writers import WriterSlot
-from jaxmon.hooks._timed import TimedHook
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 steps, run in real sessions with a fake clock."""
 
 import io
+import itertools
 import json
 import logging
 import re
@@ -569,3 +570,39 @@ def test_progress_bar_is_drawn_by_rich_in_colour_on_a_terminal_and_plain_elsewhe
         last = [frame for frame in stream.getvalue().split("\r") if frame][-1]
         assert "━" in last and "100.0%  step 4/4" in last  # rich's bar, then the same words as before
         assert ("\x1b[" in last.replace("\x1b[K", "")) is coloured
+
+
+def regression_step(state, batch):
+    return state - 0.01 * batch["x"].T @ (batch["x"] @ state), {"loss": jnp.mean((batch["x"] @ state) ** 2)}
+
+
+@pytest.mark.parametrize("known", ["examples", "tokens and peak"])
+def test_progress_bar_shows_the_training_sessions_perf_figures(tmp_path, known):
+    from jaxmon._ops.throughput import Throughput
+
+    clock, stream = FakeClock(), io.StringIO()
+    bar = jm.ProgressBarHook(stream=stream, enabled=True, clock=clock)
+    perf = [Throughput(regression_step, tokens_per_step=32 * 128, peak_tflops=1e-3, every_n_steps=5)]
+    batch = {"x": np.ones((32, 16), np.float32)}
+    sess = jm.MonitoredTrainingSession(regression_step, state=jnp.zeros((16, 1)), data=itertools.repeat(batch),
+                                       checkpoint_dir=tmp_path, save_summaries_steps=5,
+                                       chief_only_hooks=perf if known != "examples" else None,
+                                       hooks=[jm.StopAtStepHook(last_step=20), bar])
+    run_until_stop(sess, clock)
+    sess.close()
+    last = [frame for frame in stream.getvalue().split("\r") if frame][-1]
+    if known == "examples":  # the session's own service: examples from the batch's rows, no peak on a CPU
+        with open(tmp_path / "metrics.jsonl") as lines:
+            figures = [row for row in map(json.loads, lines) if "perf/examples_per_sec" in row][-1]
+        assert figures["step"] == 20
+        assert f"{figures['perf/examples_per_sec']:.4g} examples/s" in last
+        assert "tokens/s" not in last and "MFU" not in last
+        from jaxmon._cli.runs import run_info  # `jaxmon inspect` shows the same figure
+
+        assert run_info(str(tmp_path))["metrics"]["perf/examples_per_sec"] == (20, figures["perf/examples_per_sec"])
+    else:
+        figures = perf[0].figures
+        assert figures["perf/tokens_per_sec"] == pytest.approx(32 * 128 * figures["perf/steps_per_sec"])
+        assert f"{figures['perf/tokens_per_sec']:.4g} tokens/s" in last and "examples/s" not in last
+        assert f"MFU {figures['perf/mfu']:.1%}" in last
+    assert f"{figures['perf/tflops_per_sec_per_device']:.3g} TFLOP/s" in last
