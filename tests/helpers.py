@@ -262,13 +262,16 @@ def cpu_env(devices: int | None = None) -> dict[str, str]:
     (`XLA_FLAGS=--xla_force_host_platform_device_count`) exist on the CPU platform alone,
     and processes on 127.0.0.1 share no accelerator. `devices` simulated CPU devices, or
     (None) this process's device count dropped: one device. XLA_FLAGS holds those and
-    `SUITE_XLA_FLAGS`. Output unbuffered, for tests that read it line by line. The rest
-    (JAX_DEFAULT_MATMUL_PRECISION, set by conftest.py) is inherited.
+    `SUITE_XLA_FLAGS`. Output unbuffered, for tests that read it line by line. No
+    TF_CPP_MIN_LOG_LEVEL: JAX's import put one into this process's environment, where a
+    shell gives a child none. The rest (JAX_DEFAULT_MATMUL_PRECISION, set by
+    conftest.py) is inherited.
     """
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise ValueError(f"cpu_env(devices={devices!r}): give a number of simulated CPU devices >= 1, "
                          "or None for one device")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     env["XLA_FLAGS"] = SUITE_XLA_FLAGS
     if devices is not None:
         env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
@@ -384,12 +387,15 @@ def get_config():
         "optimizer": {{"name": "adam", "learning_rate": 2e-3}},
         "hooks": [{{"name": "EvalHook", "every_n_steps": 20}}, {{"name": "NanHook"}}{slow}],
         "session": {{"save_checkpoint_steps": 20, "save_summaries_steps": 10, "log_step_count_steps": 20,
-                     "max_to_keep": 10}},
+                     "max_to_keep": 10{session}}},
     }}
 '''
 
 _SLOWDOWN = '''
+import os
+import sys
 import time
+
 import jaxmon as jm
 
 
@@ -401,16 +407,51 @@ class Sleep(jm.Hook):
 
     def after_run(self, ctx, values):
         time.sleep(self.secs)
+
+
+class LateCompiles(jm.Hook):
+    """On the process $LATE_COMPILE_PROCESS (with $LATE_COMPILE_SECS set), the first compile
+    of each program named in $LATE_COMPILES ("jit_variant:2,jit__traced:1": the first two
+    step programs, the first evaluation's) takes that many seconds longer: a process that
+    compiles from scratch while another finds its programs in the cache, or is loaded."""
+
+    def __init__(self):
+        secs = float(os.environ.get("LATE_COMPILE_SECS", "0"))
+        if secs and os.environ.get("JAX_PROCESS_ID") == os.environ.get("LATE_COMPILE_PROCESS", "1"):
+            _slow_compiles(secs, dict(item.split(":") for item in os.environ["LATE_COMPILES"].split(",")))
+
+
+def _slow_compiles(secs, counts):
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+
+    real, left, seen = compiler.compile_or_get_cached, {name: int(n) for name, n in counts.items()}, set()
+
+    def late(backend, computation, *args, **kwargs):
+        name = mlir.ir.StringAttr(computation.operation.attributes["sym_name"]).value
+        text = str(computation)
+        if left.get(name, 0) > 0 and text not in seen:
+            left[name] -= 1
+            seen.add(text)
+            print(f"LateCompiles: {name} {secs:g} s late", file=sys.stderr, flush=True)
+            time.sleep(secs)
+        return real(backend, computation, *args, **kwargs)
+
+    compiler.compile_or_get_cached = late
 '''
 
 
-def tiny_config(directory: pathlib.Path, steps: int, sleep: float = 0.0) -> pathlib.Path:
+def tiny_config(directory: pathlib.Path, steps: int, sleep: float = 0.0, *, late_compiles: bool = False,
+                session: str = "") -> pathlib.Path:
     """Writes `directory/tiny.py`, an MLP on digits trained for `steps` steps (with
-    `directory/slowdown.py`'s hook sleeping `sleep` s after each run, if given); its path."""
+    `directory/slowdown.py`'s hook sleeping `sleep` s after each run, if given, and its
+    `LateCompiles` with `late_compiles`); its path. `session`: more session keys
+    (`'"steps_per_dispatch": 2'`)."""
     slow = f', {{"name": "slowdown:Sleep", "secs": {sleep}}}' if sleep else ""
+    slow += ', {"name": "slowdown:LateCompiles"}' if late_compiles else ""
     (directory / "slowdown.py").write_text(_SLOWDOWN)
     path = directory / "tiny.py"
-    path.write_text(_TINY_CONFIG.format(steps=steps, slow=slow))
+    path.write_text(_TINY_CONFIG.format(steps=steps, slow=slow, session=f", {session}" if session else ""))
     return path
 
 

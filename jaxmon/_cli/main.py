@@ -162,7 +162,8 @@ def _add_train(commands: Any) -> argparse.ArgumentParser:
     train.add_argument("--debug_host_syncs", action="store_true",
                        help="raise where the data or a hook called on every run reads a device value on the host "
                             "(session.debug_host_syncs)")
-    train.add_argument("--debug", action="store_true", help="print a failure's traceback and library logs")
+    train.add_argument("--debug", action="store_true",
+                       help="print a failure's traceback, library logs and JAX's native error lines")
     cache = train.add_mutually_exclusive_group()
     cache.add_argument("--compilation_cache", metavar="CACHE_DIR",
                        help="keep compiled programs here, so that a restart does not compile them again "
@@ -275,6 +276,8 @@ def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import load_config
     from jaxmon._processes.local import LEVEL_NAMES, processes_option, run_processes
 
+    if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read once, when JAX loads
     with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)

@@ -34,6 +34,7 @@ at exit it ends with `PEER_LOST_EXIT_CODE`, whatever it was about to exit with.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import logging
 import math
@@ -268,6 +269,10 @@ class AgreedRuns:
             result = run_once(batch)
         except Exception as raised:
             if self._session.step == before:  # the step never ran here: the others wait in it for this process
+                if isinstance(raised, PeerError):  # its first program's barrier (`every_process_at`)
+                    self.peer_lost = self.peer_lost or raised.lost
+                    logger.error("%s", raised)
+                    raise
                 if _PEER_LOST.search(str(raised)):  # its collective failed: a peer died between agreements
                     self.peer_lost = True
                     lost = _peer_lost(f"A collective of step {before + 1} failed: another JAX process stopped "
@@ -348,6 +353,36 @@ class AgreedRuns:
             self.peer_lost = True
             logger.error("%s", lost)
             raise
+
+
+_barriers = itertools.count()  # every process passes the same barriers in the same order
+#: JAX's barriers need a bound: a day. What ends a wait for a process that never comes is
+#: the coordination service's report of a dead or hung peer (`jaxmon.distributed`'s
+#: heartbeat timeout) or the waiting process's watchdog (`watchdog_startup_secs`).
+_BARRIER_SECS = 24 * 3600
+
+
+def every_process_at(what: str) -> float:
+    """Waits until every JAX process of the run has come to this point, where each has
+    done `what` (say "compiled the step"); returns the seconds waited. A barrier of JAX's
+    coordination service, no collective: a collective whose communicator is new (on
+    CPU, gloo's, for a group of devices it has not joined yet) gives a late peer 30 s,
+    where a process that compiles from scratch may come minutes after one that found its
+    programs in the cache."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None or jax.process_count() == 1:
+        return 0.0
+    started = time.perf_counter()
+    try:
+        client.wait_at_barrier(f"jaxmon/{next(_barriers)}", _BARRIER_SECS * 1000)
+    except Exception as error:  # the coordination service's report of a dead or hung peer
+        raise _peer_lost(
+            f"While this process waited for the others to have {what}, one of them stopped answering (it "
+            f"probably died; its own log says why). This process stops too. ({type(error).__name__}: "
+            f"{str(error)[:300]})") from error
+    return time.perf_counter() - started
 
 
 def _gather(values: np.ndarray, step: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._processes.agree import every_process_at
 from jaxmon._run.batches import abstract, abstract_run, on_device, one_step, stack_leaves
 from jaxmon._run.fetches import FetchSpec, paths
 from jaxmon._run.scan_unroll import canonical_convolutions, convolves, dynamic_length, platform_of, resolve_scan_unroll
@@ -137,6 +138,7 @@ class CompiledStep:
         self._accumulate = accumulate
         self._state_constraint: Callable[[Any], Any] | None = None
         self._unroll, self._platform, self._convolves = unroll, None, None
+        self._ran = False  # with several processes, the first program waits for every process to compile it
 
     @property
     def trace_count(self) -> int:
@@ -204,10 +206,17 @@ class CompiledStep:
             self._compile_ahead(key, owners, ahead, batch, program_steps, listed, lengths=(program_steps,))
             return self._step_by_step(key, state, batch, program_steps, carry)
         variant = self._variant(key, owners, program_steps)
-        started = time.perf_counter()
+        started, waited = time.perf_counter(), 0.0
+        if not self._ran and jax.process_count() > 1:  # see `agree.every_process_at`
+            variant.lower(*arguments).compile()
+            waited = every_process_at("compiled the step")
+        self._ran = True
         result = variant(*arguments)
         took = time.perf_counter() - started
         self._spent["compile"] += took
+        if waited >= 1:
+            compile_log.info("Waited %.1f s for the other processes to compile the step.", waited)
+            took -= waited
         compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
                          "up to "[:len(arguments) == 4 and 6], program_steps, "s"[:program_steps != 1], len(key),
                          "s"[:len(key) != 1], took)

@@ -32,7 +32,7 @@ from jaxmon._processes import agree as _agree
 
 STEPS = 80
 NATIVE = ("Check failure", "*** ", "terminate called", "Traceback", "Fatal Python error")
-FATAL_LOG = re.compile(r"^F\d{4} ", re.MULTILINE)  # absl's fatal lines: F1126 01:07:17.173388 ...
+FATAL_LOG = re.compile(r"^[EF]\d{4} ", re.MULTILINE)  # absl's error and fatal lines: E1126 01:07:17.173388 ...
 
 
 # -- fast -----------------------------------------------------------------------------------------
@@ -85,9 +85,12 @@ def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
 # -- two processes ----------------------------------------------------------------------------------
 
 
-def _start(config: Path, workdir: Path) -> list[subprocess.Popen]:
-    """Both processes of one run (one CPU device each), connected on a free port of 127.0.0.1."""
-    env = {**cpu_env(), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2"}
+def _start(config: Path, workdir: Path, env: dict[str, str] | None = None,
+           devices: int | None = None) -> list[subprocess.Popen]:
+    """Both processes of one run (`devices` CPU devices each, else one), connected on a free
+    port of 127.0.0.1; `env`: more variables."""
+    env = {**cpu_env(devices), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2",
+           **(env or {})}
     return [subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
                               str(workdir), "--quiet"], cwd=ROOT, env={**env, "JAX_PROCESS_ID": str(i)},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -200,3 +203,34 @@ def test_a_hung_peer_ends_the_other_with_75_and_one_line_within_30_seconds(tmp_p
     for word in NATIVE:
         assert word not in err, (word, err[-3000:])
     assert not FATAL_LOG.search(err), err[-3000:]
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_peer_that_dies_while_the_other_waits_for_its_compile_ends_it_with_75_and_one_line(tmp_path):
+    """Process 0 compiled its first step and waits for process 1 to have compiled it too
+    (helpers.tiny_config's LateCompiles makes that 60 s); process 1 is SIGKILLed
+    meanwhile: the coordination service reports it, and process 0 ends with 75."""
+    workdir = tmp_path / "run"
+    late = {"LATE_COMPILE_SECS": "60", "LATE_COMPILES": "jit_variant:1"}
+    processes = _start(tiny_config(tmp_path, steps=40, late_compiles=True), workdir, env=late, devices=2)
+    try:
+        deadline = time.monotonic() + 120
+        while jm.latest_checkpoint_step(workdir) is None:  # checkpoint 0 comes before the step compiles
+            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+            assert time.monotonic() < deadline, f"no checkpoint 0 in {workdir}"
+            time.sleep(0.1)
+        time.sleep(3)
+        os.kill(processes[1].pid, signal.SIGKILL)
+        start = time.monotonic()
+        out, err = processes[0].communicate(timeout=40)
+        seconds = time.monotonic() - start
+    finally:
+        _kill_all(processes)
+    print(f"SIGKILL of process 1 during process 0's wait: process 0 ended {seconds:.2f} s later")
+    assert processes[0].returncode == _agree.PEER_LOST_EXIT_CODE and seconds < 30, (seconds, err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("jaxmon train: PeerError: While this process waited for the others to have compiled "
+                           "the step, one of them stopped answering"), err[-3000:]
+    assert len((out + err).strip().splitlines()) < 15, out + err
+    assert "Traceback" not in err and not FATAL_LOG.search(err), err[-3000:]

@@ -393,7 +393,35 @@ def test_a_hung_worker_ends_the_launch_with_75_and_one_line_within_30_seconds(tm
     assert launcher.returncode == 75 and seconds < 30, (seconds, err[-3000:])
     assert err.strip().splitlines()[-1] == ("jaxmon train: process 0 of 2 exited with code 75 (its output is above); "
                                             "the other processes were stopped."), err[-3000:]
-    assert "stopped answering" in err and "Traceback" not in err and not re.search(r"^F\d{4} ", err, re.M), err
+    assert "stopped answering" in err and "Traceback" not in err and not re.search(r"^[EF]\d{4} ", err, re.M), err
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0], ids=["process-1-dies", "the-coordinator-dies"])
+def test_a_killed_process_ends_the_launch_within_30_seconds_with_one_line_and_nothing_native(tmp_path, victim):
+    """SIGKILL of one child after checkpoint 20: the other ends (the launcher stops it, if
+    it has not noticed by itself), and the launcher ends with the dead child's code and
+    one line naming it; no traceback of any thread and no native log line around it."""
+    workdir = tmp_path / "run"
+    launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
+    try:
+        _wait_for_checkpoint(workdir, launcher, 20)
+        os.kill(_children(launcher.pid)[victim], signal.SIGKILL)
+        start = time.monotonic()
+        out, err = launcher.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        _stop(launcher)
+    print(f"SIGKILL of process {victim}: the launcher ended {seconds:.2f} s later, exit {launcher.returncode}")
+    assert launcher.returncode == 128 + signal.SIGKILL and seconds < 30, (seconds, err[-3000:])
+    assert err.strip().splitlines()[-1] == (f"jaxmon train: process {victim} of 2 was killed by SIGKILL (its log is "
+                                            f"{workdir}/process-1.log); the other processes were stopped."
+                                            if victim else "jaxmon train: process 0 of 2 was killed by SIGKILL "
+                                            "(its output is above); the other processes were stopped."), err[-3000:]
+    output = out + err + (workdir / "process-1.log").read_text()
+    assert "Traceback" not in output and not re.search(r"^[EF]\d{4} ", output, re.M), output[-3000:]
+    assert 20 <= jm.latest_checkpoint_step(workdir)  # the complete checkpoints stand
 
 
 @pytest.mark.processes
