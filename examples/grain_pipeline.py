@@ -61,10 +61,11 @@ def add_noise(row: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str,
 
 def process_rows(dataset: grain.MapDataset) -> grain.MapDataset:
     """This JAX process's part of the rows: equal contiguous parts, one per process (the
-    same split as `grain.sharding.ShardByJaxProcess` for a `grain.DataLoader`, and
-    `jm.ArrayDataSource(..., shard="process")`). Each process then feeds its batches to
-    a sharded session, which builds the global batch with
-    `jax.make_array_from_process_local_data`."""
+    same split as `grain.sharding.ShardByJaxProcess` for a `grain.DataLoader`). Each
+    process then feeds its batches to a sharded session, which builds the global batch
+    with `jax.make_array_from_process_local_data`. Such a split resumes exactly on the
+    same number of processes; `jm.ArrayDataSource(..., shard="process")` and
+    `jaxmon train`'s loaders split every global batch instead, which resumes on any."""
     rows = len(dataset) // jax.process_count()
     return dataset[jax.process_index() * rows:(jax.process_index() + 1) * rows]
 

@@ -29,12 +29,14 @@ class ArrayDataSource:
       drop_remainder: drop the last, smaller batch of an epoch.
       num_epochs: stop (StopIteration: the session ends cleanly) after this many
         epochs; None repeats forever.
-      shard: read only one part of the rows: `"process"` for this JAX process's part
-        (`jax.process_index()` of `jax.process_count()`: with several processes each
-        reads its own rows, as `make_array_from_process_local_data` expects), or
-        `(index, count)`. The rows are cut into `count` equal contiguous parts (the
-        last `num_rows % count` rows are left out, so every part has as many batches);
-        each part is shuffled on its own. None reads every row.
+      shard: read only one part of every batch: `"process"` for this JAX process's part
+        (`jax.process_index()` of `jax.process_count()`), or `(index, count)`. The rows
+        are shuffled as one: a global batch is `batch_size * count` rows, and this
+        source's batch is its part `index` of `count` (contiguous, as
+        `make_array_from_process_local_data` expects of a batch split over processes).
+        The position counts global batches, the same on every process, so a run resumed
+        on another number of processes (`batch_size` set so that the global batch is the
+        same) sees the same global batches. None reads every row.
 
     Example:
       >>> import numpy as np, jaxmon as jm
@@ -54,17 +56,16 @@ class ArrayDataSource:
             raise ValueError(f"ArrayDataSource arrays must be a non-empty dict of arrays with one first dimension; "
                              f"got lengths {lengths}.")
         self.shard = _shard(shard)
-        index, count = self.shard or (0, 1)
-        self.num_rows = rows = next(iter(lengths.values())) // count
-        self.arrays = arrays if count == 1 else {key: value[index * rows:(index + 1) * rows]
-                                                 for key, value in arrays.items()}
+        self.arrays, self.num_rows = arrays, next(iter(lengths.values()))
         check_int("ArrayDataSource batch_size", batch_size, minimum=1)
         check_int("ArrayDataSource seed", seed)
         if num_epochs is not None:
             check_int("ArrayDataSource num_epochs", num_epochs, minimum=1)
-        if drop_remainder and batch_size > self.num_rows:
-            raise ValueError(f"ArrayDataSource batch_size={batch_size} is larger than the {self.num_rows} rows, so "
-                             "every batch would be dropped; lower it or pass drop_remainder=False.")
+        self.global_batch = batch_size * (self.shard or (0, 1))[1]  # rows of one batch of every shard together
+        if drop_remainder and self.global_batch > self.num_rows:
+            raise ValueError(f"ArrayDataSource batch_size={batch_size} takes {self.global_batch} rows a step (all "
+                             f"shards together), more than the {self.num_rows} rows, so every batch would be dropped; "
+                             "lower it or pass drop_remainder=False.")
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.drop_remainder, self.num_epochs = drop_remainder, num_epochs
         self._epoch, self._index = 0, 0
@@ -72,8 +73,8 @@ class ArrayDataSource:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.num_rows, self.batch_size)
-        return full + (rest > 0 and not self.drop_remainder)
+        full, rest = divmod(self.num_rows, self.global_batch)
+        return full + (rest >= self.global_batch // self.batch_size and not self.drop_remainder)
 
     def __iter__(self) -> ArrayDataSource:
         return self
@@ -84,25 +85,32 @@ class ArrayDataSource:
                 raise StopIteration
             self._epoch, self._index = self._epoch + 1, 0
             self._order = self._permutation(self._epoch)
-        rows = self._order[self._index * self.batch_size:(self._index + 1) * self.batch_size]
+        rows = self._order[self._index * self.global_batch:(self._index + 1) * self.global_batch]
+        if self.shard is not None:  # this shard's part of the global batch
+            index, count = self.shard
+            part = len(rows) // count
+            rows = rows[index * part:(index + 1) * part]
         self._index += 1
         return {key: value[rows] for key, value in self.arrays.items()}
 
     def get_state(self) -> dict[str, int]:
-        """The position: the epoch, the batches taken in it, and the seed."""
+        """The position: the epoch, the batches taken in it, and the seed (with a shard,
+        the rows of a global batch too): the same on every shard."""
         state = {"epoch": self._epoch, "index": self._index, "seed": self.seed}
-        return state if self.shard is None else {**state, "shard": list(self.shard)}
+        return state if self.shard is None else {**state, "global_batch": self.global_batch}
 
     def set_state(self, state: Mapping[str, int]) -> None:
         """Moves to a position from `get_state()` (of a source over the same arrays)."""
         if state.get("seed", self.seed) != self.seed:
             raise ValueError(f"ArrayDataSource.set_state: the saved position was taken with seed {state['seed']}, "
                              f"this source has seed {self.seed}; resume with the same seed.")
-        saved = tuple(state["shard"]) if state.get("shard") else None
-        if saved != self.shard:
-            raise ValueError(f"ArrayDataSource.set_state: the saved position is of shard {saved} (index, count), "
-                             f"this source reads shard {self.shard}; resume with as many JAX processes as before "
-                             "(or the same shard=).")
+        saved = state.get("global_batch", self.global_batch)
+        if saved != self.global_batch:
+            count = (self.shard or (0, 1))[1]
+            raise ValueError(f"ArrayDataSource.set_state: the saved position counts batches of {saved} rows (all "
+                             f"shards together), this source's are {self.global_batch} ({self.batch_size} rows x "
+                             f"{count} shards); for the same batches give batch_size={saved // count}"
+                             f"{'' if saved % count == 0 else f' (it does not divide by {count})'}.")
         self._epoch, self._index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self._epoch)
 

@@ -168,10 +168,13 @@ class _Rows:
         return f"Rows({sorted(self.arrays)}, {self._length})"
 
 
-def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int) -> Any:
+def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker_count: int,
+                   shard: tuple[int, int] = (0, 1)) -> Any:
     """A grain pipeline over in-memory `arrays` (`jaxmon train` with `data.loader: "grain"`):
-    the rows shuffled anew each epoch, in full batches, built by `worker_count` worker
-    processes (0: in this process).
+    the rows shuffled anew each epoch, in full batches of `batch_size` rows, built by
+    `worker_count` worker processes (0: in this process). `shard=(index, count)`: part
+    `index` of `count` of every batch (a process's part: the position, grain's, counts
+    whole batches, so it is the same on every process and resumes on any number of them).
 
     The workers end with this process, however it ends (`end_with_parent`). Each batch
     is copied out of the shared memory a worker hands it over in, which is then freed
@@ -184,6 +187,8 @@ def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker
         raise ImportError("data.loader 'grain' needs grain: pip install 'jaxmon[grain]'.") from None
     dataset = grain.MapDataset.source(_Rows(arrays))
     dataset = dataset.shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    if shard != (0, 1):
+        dataset = dataset.map(functools.partial(_part, *shard))
     # In memory: no reading threads and no read-ahead in a process, as grain advises. Its
     # defaults (16 threads, a buffer of 500 elements: here batches) made each worker build
     # 500 batches ahead, about 6.5 s of CPU per worker before a 20-step run could end.
@@ -192,7 +197,51 @@ def array_pipeline(arrays: dict[str, Any], batch_size: int, *, seed: int, worker
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count),
                                       worker_init_fn=functools.partial(end_with_parent, os.getpid()))
         dataset = dataset.map(_own_copy)
-    return dataset
+    return GlobalBatches(dataset, batch_size)
+
+
+class GlobalBatches:
+    """A pipeline of this process's parts of global batches of `global_batch` rows (the
+    same pipeline on every process): its iterators' positions say so, `{"position":
+    grain's, "global_batch": rows}`, which a session resumes as it is on any number of
+    processes (a global position, as `jm.ArrayDataSource(shard=...)`'s)."""
+
+    def __init__(self, dataset: Any, global_batch: int):
+        self._dataset, self.global_batch = dataset, global_batch
+
+    def __iter__(self) -> _GlobalPosition:
+        prepare_grain()
+        return _GlobalPosition(iter(self._dataset), self.global_batch)
+
+
+class _GlobalPosition:
+    def __init__(self, iterator: Any, global_batch: int):
+        self._iterator, self._global_batch = iterator, global_batch
+
+    def __iter__(self) -> _GlobalPosition:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._iterator)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"position": to_json(self._iterator.get_state()), "global_batch": self._global_batch}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("global_batch") != self._global_batch:
+            raise ValueError(f"The data position of the checkpoint counts batches of {state.get('global_batch')} "
+                             f"rows, this run's have {self._global_batch}: give data.batch_size="
+                             f"{state.get('global_batch')} to resume it.")
+        self._iterator.set_state(from_json(state["position"]))
+
+    def close(self) -> None:
+        close_iterator(self._iterator)
+
+
+def _part(index: int, count: int, batch: dict[str, Any]) -> dict[str, Any]:
+    """Part `index` of `count` equal contiguous parts of every array of `batch`."""
+    rows = len(next(iter(batch.values()))) // count
+    return {key: value[index * rows:(index + 1) * rows] for key, value in batch.items()}
 
 
 def _own_copy(batch: dict[str, Any]) -> dict[str, Any]:

@@ -144,38 +144,17 @@ def load_data(config: Mapping[str, Any]) -> Data:
 
 def train_data(data: Data, seed: int) -> Any:
     """The training batches, reshuffled each epoch, resumable exactly. With several
-    processes each reads its own rows of every global batch (the same rows whatever
-    the number of processes)."""
+    processes each reads its own part of every global batch; the position counts global
+    batches, so a resume on another number of processes sees the same global batches."""
+    count = jax.process_count()
+    if data.batch_size % count:
+        raise ConfigError(f"data.batch_size={data.batch_size} does not divide among {count} JAX processes (each "
+                          f"feeds its part of every batch); give a multiple of {count}.")
     if data.loader == "grain":
-        if jax.process_count() > 1:
-            raise ConfigError("data.loader='grain' reads every row on each process; with several processes give "
-                              "data.loader='arrays'.")
         arrays = {key: np.asarray(value) for key, value in data.train.items()}
-        return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count)
-    source = ArrayDataSource(data.train, data.batch_size, shuffle=True, seed=seed)
-    return source if jax.process_count() == 1 else _ProcessRows(source, jax.process_index(), jax.process_count())
-
-
-class _ProcessRows:
-    """This process's rows of each batch of `source`: part `index` of `count` equal parts
-    (the devices of process i hold part i of a batch split on its leading axis)."""
-
-    def __init__(self, source: ArrayDataSource, index: int, count: int):
-        self._source, self._index, self._count = source, index, count
-
-    def __iter__(self) -> _ProcessRows:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = next(self._source)
-        rows = len(next(iter(batch.values()))) // self._count
-        return {key: value[self._index * rows:(self._index + 1) * rows] for key, value in batch.items()}
-
-    def get_state(self) -> Any:
-        return self._source.get_state()
-
-    def set_state(self, state: Any) -> None:
-        self._source.set_state(state)
+        return _loaders.array_pipeline(arrays, data.batch_size, seed=seed, worker_count=data.worker_count,
+                                       shard=(jax.process_index(), count))
+    return ArrayDataSource(data.train, data.batch_size // count, shuffle=True, seed=seed, shard="process")
 
 
 def _model(config: Mapping[str, Any]) -> Any:

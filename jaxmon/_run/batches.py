@@ -60,7 +60,7 @@ class BatchSource:
         self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`time_spent.TimeSpent`)
         if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
             self._data = host_syncs.iterator(self._data)
-        self._kind = type(data).__name__  # a resume without a position names it, once
+        self.kind = type(data).__name__  # what a resume's warnings name
         self._told_no_position = False
         #: Whether runs take their batches from `data` (else each run is given one).
         self.has_data = self._data is not None
@@ -218,7 +218,7 @@ class BatchSource:
                            "first batch, for data made afresh), not from where the checkpoint's run left it. Give "
                            "data with get_state()/set_state(): jm.ArrayDataSource, a grain dataset, or "
                            "jm.ResumableIterator(...) around a list, a loader or a function that returns a fresh "
-                           "iterator.", step, self._kind)
+                           "iterator.", step, self.kind)
         return False
 
 

@@ -148,8 +148,8 @@ class StateLife:
         recovery, where hooks keep their own state as in TF) hook states; returns its
         state."""
         self.restored_step, self.windows = restored.step, restored.meta.get("windows")
-        self.data_rewound = self._batches.restore(_data_position(restored.meta, restored.step), restored.step,
-                                                  recovering is not None)
+        position = _data_position(restored.meta, restored.step, self._batches.kind)
+        self.data_rewound = self._batches.restore(position, restored.step, recovering is not None)
         if isinstance(recovering, _errors.RollbackError):
             self._skip_bad_batches(restored.step, recovering.step)
         if recovering is None:
@@ -225,18 +225,26 @@ class StateLife:
         return _checkpoint.check_json(info, "the checkpoint metadata (data get_state() and hooks' get_state())")
 
 
-def _data_position(meta: dict[str, Any], step: int) -> Any:
+def _data_position(meta: dict[str, Any], step: int, kind: str) -> Any:
     """This process's data position in a checkpoint's `meta`: its own entry of
-    `data_by_process` (saved with several processes), else `data` (the chief's)."""
+    `data_by_process` (saved with several processes), else `data` (the chief's). On
+    another number of processes, one position of every process that counts global
+    batches (it has `global_batch`: `jm.ArrayDataSource(shard=...)`, `jaxmon train`'s
+    loaders) resumes exactly; other positions are not re-split: each process takes the
+    chief's, and a warning says so, naming the data (`kind`)."""
     positions = meta.get("data_by_process")
     if positions is None:
         return meta.get("data")
-    if len(positions) != jax.process_count():
-        logger.warning("Checkpoint %d was saved by %d JAX processes, this run has %d: each process's data "
-                       "restarts from the chief's position, so the shards no longer resume exactly.",
-                       step, len(positions), jax.process_count())
-        return meta.get("data")
-    return positions[jax.process_index()]
+    if len(positions) == jax.process_count():
+        return positions[jax.process_index()]
+    if all(isinstance(p, dict) and "global_batch" in p for p in positions) and all(
+            p == positions[0] for p in positions):  # one global position: its batches split over any count
+        return positions[0]
+    logger.warning("Checkpoint %d was saved by %d JAX processes, this run has %d, and its data (a %s) has no global "
+                   "position: every process restarts from the chief's, so the global batches are not the interrupted "
+                   "run's. jm.ArrayDataSource(shard='process') keeps one, which resumes on any number of processes.",
+                   step, len(positions), jax.process_count(), kind)
+    return meta.get("data")
 
 
 def unaliased(state: Any, donated: bool = True) -> Any:

@@ -147,7 +147,7 @@ WORKER = textwrap.dedent('''
             save_summaries_steps=5, save_checkpoint_steps=save_checkpoint_steps, log_step_count_steps=5),
             extra={"losses": losses.losses, **(extra or {})})
 
-    class Seen:  # this process's part of the rows (a shard of 16 of 32), recording the row ids it yields
+    class Seen:  # this process's part of each global batch (4 of 8 rows), recording the row ids it yields
         def __init__(self):
             rng = np.random.default_rng(3)
             rows = {"x": rng.normal(size=(32, 4)).astype(np.float32), "y": rng.normal(size=(32,)).astype(np.float32),
@@ -701,15 +701,16 @@ def test_each_process_reads_its_own_shard_and_resumes_it_exactly(main_run):
     full, half, resumed = (both(main_run, name) for name in ("shards_full", "shards_half", "shards_resume"))
     for results in (full, half, resumed):
         assert all(r["ok"] for r in results), results
-    # Process 0 reads rows 0-15, process 1 rows 16-31 (ArrayDataSource(shard="process")).
-    rows = [{i for batch in full[p]["ids"] for i in batch} for p in range(2)]
-    assert rows == [set(range(16)), set(range(16, 32))]
-    # The checkpoint keeps each process's own position; each resumes from its own.
+    # Each process reads its 4 rows of every global batch of 8 (ArrayDataSource(shard="process")):
+    # the two parts are disjoint, and an epoch (4 steps) covers the 32 rows once.
+    steps = [full[0]["ids"][k] + full[1]["ids"][k] for k in range(8)]
+    assert all(len(set(batch)) == 8 for batch in steps)
+    assert sorted(sum(steps[:4], [])) == sorted(sum(steps[4:], [])) == list(range(32))
+    # The checkpoint keeps every process's position: one global position, the same on both.
     from jaxmon._checkpoints.step_dirs import read_meta
 
     meta = read_meta(main_run.workdir / "shards" / "6")
-    assert [position["shard"] for position in meta["data_by_process"]] == [[0, 2], [1, 2]]
-    assert meta["data"] == meta["data_by_process"][0]
+    assert meta["data_by_process"] == [meta["data"]] * 2 and meta["data"]["global_batch"] == 8
     assert resumed[0]["ids"][0] == full[0]["ids"][6] and resumed[1]["ids"][0] == full[1]["ids"][6]
     # Steps 7-12 after the resume are those of the uninterrupted run, and so is the state.
     for p in range(2):
