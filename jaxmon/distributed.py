@@ -36,6 +36,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -65,6 +66,10 @@ _terminate: list[Any] = []  # the C++ terminate handler installed (kept alive), 
 #: come from a thread of their own, so a long compile or save does not miss them.
 HEARTBEAT_TIMEOUT_SECS = 20
 
+
+#: How `jax.distributed.initialize` fails when a process never came within the timeout (jaxlib 0.10
+#: gives the status to the missed-heartbeat callback, which throws std::bad_cast; see `_clean_fatal_errors`).
+_NOT_CONNECTED = re.compile(r"DEADLINE_EXCEEDED|UNAVAILABLE|bad_cast")
 
 #: The variables `jax.distributed.initialize()` reads.
 VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
@@ -112,9 +117,21 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     if preemption_sync:
         jax.config.update("jax_enable_preemption_service", True)
     kwargs.setdefault("heartbeat_timeout_seconds", HEARTBEAT_TIMEOUT_SECS)
-    with _clean_fatal_errors():
-        jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id,
-                                   initialization_timeout=initialization_timeout, **kwargs)
+    try:
+        with _clean_fatal_errors(initialization_timeout):
+            jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id,
+                                       initialization_timeout=initialization_timeout, **kwargs)
+    except Exception as error:
+        if not _NOT_CONNECTED.search(str(error)):
+            raise
+        with contextlib.suppress(Exception):  # what JAX set up would fail again at exit, with a traceback
+            jax.distributed.shutdown()
+        raise ConnectionError(
+            f"JAX process {process_id} of {num_processes} could not connect to the others (coordinator "
+            f"{coordinator_address}) within initialization_timeout={initialization_timeout} s: start every process "
+            f"with the same JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES and its own JAX_PROCESS_ID (0 to "
+            f"{(num_processes or 1) - 1}), or give a longer initialization_timeout. ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:200]})") from error
     from jax._src.distributed import global_state
 
     _agree.failure_line["where"] = (f"process {jax.process_index()} of {jax.process_count()}, coordinator "
@@ -149,12 +166,14 @@ def shutdown() -> None:
 
 
 @contextlib.contextmanager
-def _clean_fatal_errors() -> Iterator[None]:
+def _clean_fatal_errors(initialization_timeout: int) -> Iterator[None]:
     """While `jax.distributed.initialize` runs: the client it makes gets
     `_coordination_failed` as its missed-heartbeat callback, which JAX's coordination
     client calls (on its own thread) when the service reports an error, a peer's death
     included, or when the service is gone. Its default logs a fatal error with a
-    native stack dump and aborts.
+    native stack dump and aborts. The service (process 0's) waits for the others to
+    register for `initialization_timeout`, as each process's client does (JAX leaves
+    the service at an hour).
 
     jaxlib 0.10 cannot pass its `absl::Status` to a Python callback: the call throws
     std::bad_cast, which ends in std::terminate on the client's thread before the
@@ -178,6 +197,11 @@ def _clean_fatal_errors() -> Iterator[None]:
         def get_distributed_runtime_client(*args: Any, **kwargs: Any) -> Any:
             kwargs.setdefault("missed_heartbeat_callback", _coordination_failed)
             return make(*args, **kwargs)
+
+        @staticmethod
+        def get_distributed_runtime_service(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("cluster_register_timeout", initialization_timeout)  # JAX leaves the service at 1 h
+            return real.get_distributed_runtime_service(*args, **kwargs)
 
     setattr(jax_distributed, _CLIENT_MODULE, WithCallback())  # what its State.initialize calls
     try:

@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, cpu_env, tiny_config
+from helpers import ROOT, cpu_env, tiny_config, with_helpers_path
 
 import jaxmon as jm
 from jaxmon._experiment.config_file import ConfigError
@@ -474,3 +474,30 @@ def test_children_that_end_within_one_poll_still_fail_the_launch_naming_the_like
                                           1.0)
     children._processes = [_Ended(code) for code in codes]
     assert children._watch() == (blamed, None)
+
+
+@pytest.mark.processes
+def test_a_process_whose_peers_never_come_ends_after_its_timeout_with_a_connection_error_naming_the_fix(tmp_path):
+    """Process 0 of 2 alone: `jm.distributed.initialize(initialization_timeout=5)` raises
+    after 5 s, once (no traceback at exit from JAX's shutdown), and the coordination
+    service's own wait was the same 5 s (JAX leaves it at an hour)."""
+    script = tmp_path / "alone.py"
+    script.write_text(textwrap.dedent("""\
+        import time
+        import jaxmon as jm
+        from helpers import free_port
+        start = time.monotonic()
+        try:
+            jm.distributed.initialize(f"127.0.0.1:{free_port()}", num_processes=2, process_id=0,
+                                      initialization_timeout=5)
+        except ConnectionError as error:
+            print(f"after {time.monotonic() - start:.1f} s: {error}")
+        """))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=with_helpers_path(cpu_env()),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seconds, message = done.stdout.split(" s: ", 1)
+    assert 5 <= float(seconds.removeprefix("after ")) < 15, done.stdout
+    assert message.startswith("JAX process 0 of 2 could not connect to the others (coordinator 127.0.0.1:")
+    assert "within initialization_timeout=5 s: start every process with the same JAX_COORDINATOR_ADDRESS" in message
+    assert "Traceback" not in done.stderr and "currently set to: 1h" not in done.stderr, done.stderr[-3000:]
