@@ -35,9 +35,12 @@ def flush_all() -> None:
 
 class WriterSlot:
     """A hook's writer: the one it was given (flushed, never closed by the hook) or the
-    shared one of `output_dir` (opened in `begin`, released in `close`)."""
+    shared one of `output_dir` (opened in `begin`, released in `close`); with neither and
+    `follows_session`, the shared one of the session's `summary_dir` (a
+    `MonitoredTrainingSession`'s, on the chief), from `after_create_session` on."""
 
-    def __init__(self, owner: str, output_dir: str | os.PathLike | None, summary_writer: Any, required: bool):
+    def __init__(self, owner: str, output_dir: str | os.PathLike | None, summary_writer: Any, required: bool,
+                 follows_session: bool = False):
         if output_dir is not None and summary_writer is not None:
             raise ValueError(f"{owner} takes output_dir= or summary_writer=, not both; got output_dir="
                              f"{output_dir!r} and summary_writer={summary_writer!r}.")
@@ -48,7 +51,7 @@ class WriterSlot:
         if required and output_dir is None and summary_writer is None:
             raise ValueError(f"{owner} needs somewhere to write: output_dir= (a directory for TensorBoard "
                              "event files and metrics.jsonl) or summary_writer=.")
-        self.output_dir, self.given = output_dir, summary_writer
+        self.output_dir, self.given, self.follows_session = output_dir, summary_writer, follows_session
         self.writer: Any = summary_writer
 
     def open(self) -> None:
@@ -58,8 +61,13 @@ class WriterSlot:
             _OPEN.add(self)
 
     def restarted(self, session: Any) -> None:
-        """After a session restored a checkpoint: the writer forgets what was written
-        after its step (see `TensorBoardWriter.restart`)."""
+        """After a session was created: the session's writer, if this slot follows it;
+        after it restored a checkpoint, the writer forgets what was written after its step
+        (see `TensorBoardWriter.restart`)."""
+        summary_dir = getattr(session, "summary_dir", None)
+        if self.writer is None and self.follows_session and self.output_dir is None and summary_dir is not None:
+            self.writer = SummaryWriterCache.get(summary_dir)
+            _OPEN.add(self)
         if session.restored_step is not None and self.writer is not None:
             restart(self.writer, session.restored_step)
 

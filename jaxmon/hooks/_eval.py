@@ -37,7 +37,9 @@ class EvalHook(TimedHook):
     logged. Give equal-sized batches (pad and mask the last) to compile once;
     `trace_count` says how often it compiled. It evaluates after steps N, 2N, ... for
     `every_n_steps=N` (a resumed run keeps the schedule), and with `at_start=True`
-    the state the session starts from too.
+    the state the session starts from too. With `carry=`, `eval_fn(state, batch, carry)
+    -> (outputs, carry)` is given what it returned for the batch before (a recurrent
+    model's state across the split's batches), `carry` itself for the first.
 
     Args:
       eval_fn: `eval_fn(state, batch) -> dict of scalars`, pure and jittable.
@@ -45,14 +47,16 @@ class EvalHook(TimedHook):
         re-iterable collection), or a function returning a fresh iterable.
       every_n_steps, every_n_secs: the period; give exactly one, or neither with
         `at_end=True` to evaluate only at the end.
-      summary_writer, output_dir: where summaries go (optional; shared with the other
-        hooks writing to that directory).
+      summary_writer, output_dir: where summaries go (shared with the other hooks writing
+        to that directory); with neither, where a `MonitoredTrainingSession` writes its
+        own (its `summary_dir`, on the chief), else nowhere.
       metrics: `{name: jm.Reduction}` over `eval_fn`'s outputs (by name, or a callable
         `fn(state, batch, outputs)`), reduced over every evaluation batch.
       prefix: tag prefix of the summaries.
       at_start: also evaluate the state the session starts from (step 0, or the
         restored step unless it was evaluated already).
       at_end: also evaluate at `end`, unless the last step was just evaluated.
+      carry: the first batch's carry (a pytree), for an `eval_fn` that takes one.
       on_error: "raise" (default) or "warn".
 
     Attributes:
@@ -73,8 +77,8 @@ class EvalHook(TimedHook):
     def __init__(self, eval_fn: Callable[[Any, Any], dict[str, Any]], data: Iterable[Any] | Callable[[], Iterable],
                  every_n_steps: int | None = None, every_n_secs: float | None = None, summary_writer: Any = None,
                  *, output_dir: str | os.PathLike | None = None, metrics: Mapping[str, Reduction] | None = None,
-                 prefix: str = "eval", at_start: bool = False, at_end: bool = True, on_error: str = "raise",
-                 clock: Callable[[], float] = time.monotonic):
+                 prefix: str = "eval", at_start: bool = False, at_end: bool = True, carry: Any = None,
+                 on_error: str = "raise", clock: Callable[[], float] = time.monotonic):
         if not callable(eval_fn):
             raise TypeError(f"EvalHook eval_fn must be a function eval_fn(state, batch) -> dict; got {eval_fn!r}.")
         if isinstance(data, collections.abc.Iterator) or not (callable(data) or isinstance(data, Iterable)):
@@ -88,9 +92,9 @@ class EvalHook(TimedHook):
                             f"'tokens')}}; got {bad!r}.")
         self.timer = timer_for("EvalHook", clock, at_end=at_end, every_n_steps=every_n_steps,
                                every_n_secs=every_n_secs)
-        self._slot = WriterSlot("EvalHook", output_dir, summary_writer, required=False)
+        self._slot = WriterSlot("EvalHook", output_dir, summary_writer, required=False, follows_session=True)
         self.eval_fn, self.data, self.prefix, self.at_end, self.at_start = eval_fn, data, prefix, at_end, at_start
-        self.metrics = metrics
+        self.metrics, self.carry = metrics, carry
         self.on_error = check_on_error("EvalHook", on_error)
         self.trace_count = 0
         self._eval_fn = trace_once(eval_fn)  # one trace for the accumulators' shapes and the program
@@ -99,12 +103,18 @@ class EvalHook(TimedHook):
         self.latest: dict[str, float] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
 
-    def _traced(self, state: Any, batch: Any, accs: list[Any]) -> Any:
+    def _traced(self, state: Any, batch: Any, accs: list[Any], carry: Any) -> Any:
         self.trace_count += 1
-        outputs = self._eval_fn(state, batch)
+        outputs, carry = self._outputs(state, batch, carry)
         accs = [reduction.update(acc, reduction.value(state, batch, outputs), jnp.int32(0))
                 for reduction, acc in zip(self.metrics.values(), accs, strict=True)]
-        return outputs, accs
+        return outputs, accs, carry
+
+    def _outputs(self, state: Any, batch: Any, carry: Any) -> tuple[Any, Any]:
+        """`eval_fn`'s outputs for `batch`, and the carry for the next one (None without `carry=`)."""
+        if self.carry is None:
+            return self._eval_fn(state, batch), None
+        return self._eval_fn(state, batch, carry)
 
     def begin(self) -> None:
         show_info_logs()
@@ -139,11 +149,11 @@ class EvalHook(TimedHook):
     def evaluate(self, session) -> dict[str, float]:
         """Evaluates the session's current state now; returns the metrics."""
         batches = self.data() if callable(self.data) else self.data
-        results, weights, accs = [], [], None
+        results, weights, accs, carry = [], [], None, self.carry
         for batch in batches:
             if accs is None:
                 accs = self._start_metrics(session.state, batch)
-            outputs, accs = self._jitted(session.state, batch, accs)
+            outputs, accs, carry = self._jitted(session.state, batch, accs, carry)
             results.append(outputs)
             weights.append(_weight(batch))
         if not results:
@@ -170,11 +180,11 @@ class EvalHook(TimedHook):
     def _start_metrics(self, state: Any, batch: Any) -> list[Any]:
         """The metrics' accumulators before the first batch (their shapes from one trace)."""
         if self._inits is None:
-            def values(state, batch):
-                outputs = self._eval_fn(state, batch)
+            def values(state, batch, carry):
+                outputs, _ = self._outputs(state, batch, carry)
                 return [reduction.value(state, batch, outputs) for reduction in self.metrics.values()]
 
-            shapes = jax.eval_shape(values, state, batch)
+            shapes = jax.eval_shape(values, state, batch, self.carry)
             self._inits = [reduction.init(shape) for reduction, shape in zip(self.metrics.values(), shapes,
                                                                             strict=True)]
         return self._inits

@@ -4,6 +4,7 @@ early stopping, and the per-hook error policy, each in real sessions."""
 import logging
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -515,6 +516,61 @@ def test_eval_every_5_steps_and_at_end_with_weighted_means_and_summaries(caplog)
     assert writer.flushes >= 1 and writer.closes == 0  # a given writer is flushed, never closed
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and r.name == "jaxmon"]
     assert any(m.startswith("eval at step 5: ") and "loss = 10" in m and "acc = 2" in m for m in messages)
+
+
+def test_eval_in_a_training_session_without_a_writer_writes_where_the_session_writes(tmp_path):
+    """No output_dir: the evaluation's summaries go to the session's summary directory,
+    both metrics.jsonl and the TensorBoard event file, with the training's own."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    hook = jm.EvalHook(scaled, EQUAL_BATCHES, every_n_steps=5)
+    with jm.MonitoredTrainingSession(float_count, float_zero, checkpoint_dir=tmp_path, save_summaries_steps=5,
+                                     hooks=[hook, jm.StopAtStepHook(last_step=10)]) as sess:
+        run_loop(sess)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = {record["step"]: record["eval/loss"] for record in records if "eval/loss" in record}
+    assert evals == {5: pytest.approx(10.0), 10: pytest.approx(20.0)}
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(5, 10.0), (10, 20.0)]
+    assert "value" in {tag.split("/")[0] for tag in events.Tags()["scalars"]}  # the session's own summaries
+
+
+def test_eval_in_a_training_session_not_the_chief_writes_nothing(tmp_path):
+    hook = jm.EvalHook(scaled, EQUAL_BATCHES, every_n_steps=5)
+    with jm.MonitoredTrainingSession(float_count, float_zero, checkpoint_dir=tmp_path, is_chief=False,
+                                     hooks=[hook, jm.StopAtStepHook(last_step=5)]) as sess:
+        run_loop(sess)
+    assert [step for step, _ in hook.history] == [5]
+    assert not list(tmp_path.glob("events.out.tfevents.*")) and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_eval_fn_with_a_carry_over_three_batches_equals_the_whole_split_in_one():
+    """A recurrent evaluation (TF's PTB: the LSTM state fed from one batch to the next):
+    the split in 3 batches with the carry gives the result of the split as one batch."""
+    def recurrent(state, batch, h):
+        def cell(h, x):
+            h = 0.5 * h + state * x
+            return h, h
+
+        h, hs = jax.lax.scan(cell, h, batch["x"])
+        return {"cost": jnp.sum(hs), "iters": jnp.float32(batch["x"].shape[0])}, h
+
+    split = np.arange(1.0, 13.0, dtype=np.float32)
+    per_step = {"per_step": jm.Ratio("cost", "iters")}
+    hooks = [jm.EvalHook(recurrent, data, metrics=per_step, carry=jnp.float32(0.0), at_end=True)
+             for data in ([{"x": part} for part in np.split(split, 3)], [{"x": split}])]
+    with jm.MonitoredSession(float_count, float_zero, hooks=[*hooks, jm.StopAtStepHook(last_step=2)]) as sess:
+        run_loop(sess)
+    three, whole = (hook.latest["per_step"] for hook in hooks)
+    assert three == pytest.approx(whole, rel=1e-6) and whole > 0
+    reset = jm.EvalHook(lambda state, batch: recurrent(state, batch, jnp.float32(0.0))[0],
+                        [{"x": part} for part in np.split(split, 3)], metrics=per_step, at_end=True)
+    with jm.MonitoredSession(float_count, float_zero, hooks=[reset, jm.StopAtStepHook(last_step=2)]) as sess:
+        run_loop(sess)
+    assert reset.latest["per_step"] < whole  # without the carry each batch starts again from 0
 
 
 def test_eval_weights_batches_by_their_size():
