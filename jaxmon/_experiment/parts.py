@@ -46,6 +46,9 @@ def parts_of(config: Mapping[str, Any]) -> Parts:
         raise ConfigError(f"Config key 'seed' must be an int from 0 to 2**63 - 1 ({_MAX_SEED}); got {seed}. "
                           "Pass e.g. --config.seed=0.")
     steps = get_key(config, "steps", int)
+    if steps < 1:
+        raise ConfigError(f"Config key 'steps' is the last step to train to, at least 1; got {steps}. Pass e.g. "
+                          "--config.steps=100.")
     mesh = mesh_of(config.get("mesh"))
     data = load_data(config)
     task_name = config.get("task", "classification")

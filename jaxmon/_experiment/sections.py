@@ -50,14 +50,26 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
 
 def _optimizer(name: Any, spec: dict[str, Any]) -> optax.GradientTransformation:
     if isinstance(spec.get("learning_rate"), Mapping):
-        schedule = dict(spec["learning_rate"])
-        schedule_name = pop_key(schedule, "name", "optimizer.learning_rate.name")
-        spec["learning_rate"] = _optax(schedule_name, "optimizer.learning_rate.name")(**schedule)
+        spec["learning_rate"] = _schedule(dict(spec["learning_rate"]))
     try:
         return _optax(name, "optimizer.name")(**spec)
     except TypeError as error:
         raise ConfigError(f"optimizer {name!r}: {error}. Its arguments come from the keys of optimizer "
                           "other than name.") from error
+
+
+def _schedule(schedule: dict[str, Any]) -> Callable[[Any], Any]:
+    """The optax schedule of `optimizer.learning_rate` (`{"name": ..., its arguments}`)."""
+    name = pop_key(schedule, "name", "optimizer.learning_rate.name")
+    make = _optax(name, "optimizer.learning_rate.name")
+    try:
+        return make(**schedule)
+    except TypeError as error:
+        takes = ", ".join(inspect.signature(make).parameters)
+        raise ConfigError(
+            f"optimizer.learning_rate: {error}; optax.{name} takes {takes}. To switch to another schedule, give "
+            f"the whole section in one override: --config.optimizer.learning_rate=\"{{'name': '{name}', ...}}\" "
+            "with its arguments.") from error
 
 
 def _optax(name: str, key: str) -> Callable[..., Any]:

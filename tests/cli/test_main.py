@@ -192,6 +192,30 @@ def test_a_mistyped_override_names_the_key_its_type_and_the_nearest_key(tmp_path
     assert result.returncode == 2 and "'steps' is an int (1500); the override 'many' is text" in result.stderr
 
 
+@pytest.mark.parametrize("overrides, words", [
+    (["--config.optimizer.learning_rate.name=linear_schedule"],
+     ["jaxmon train: optimizer.learning_rate: ", "unexpected keyword argument 'peak_value'",
+      "optax.linear_schedule takes init_value, end_value, transition_steps, transition_begin",
+      "--config.optimizer.learning_rate=\"{'name': 'linear_schedule', ...}\""]),
+    (["--config.steps=0"], ["jaxmon train: Config key 'steps' is the last step to train to, at least 1; got 0. "
+                            "Pass e.g. --config.steps=100."]),
+], ids=["a-schedule-switched-key-by-key", "steps-0"])
+def test_a_refused_config_value_exits_2_with_one_line_naming_the_key_and_the_fix(tmp_path, overrides, words):
+    result = jaxmon("train", "--config", ROOT / "configs" / "lm.py", "--workdir", tmp_path / "w", *overrides)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+
+
+def test_a_schedule_switched_in_one_override_trains(tmp_path):
+    schedule = "{'name': 'linear_schedule', 'init_value': 0.003, 'end_value': 0.0, 'transition_steps': 4}"
+    result = jaxmon("train", "--config", ROOT / "configs" / "lm.py", "--workdir", tmp_path, "--config.steps=4",
+                    "--quiet", "--config.model.num_layers=1", f"--config.optimizer.learning_rate={schedule}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("step 4: "), result.stdout[-2000:]
+
+
 def test_inspect_lists_checkpoints_metrics_and_config(run):
     workdir, _ = run
     text = jaxmon("inspect", workdir)
