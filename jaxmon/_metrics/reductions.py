@@ -32,6 +32,13 @@ def _spec(fetch: Any, owner: str) -> Any:
     return fetch if isinstance(fetch, str) else tuple(names)
 
 
+def _names(fetch: Any) -> set[str]:
+    """The output names a fetch (as `_spec` keeps it) reads."""
+    if isinstance(fetch, str):
+        return {fetch}
+    return set(fetch) if isinstance(fetch, tuple) else set()
+
+
 def evaluate(fetch: Any, state: Any, batch: Any, outputs: Mapping[str, Any], owner: object) -> Any:
     """One step's value of a reduction's fetch (traced): a callable's result, an output
     by name (a nested one by its path), or `{name: value}` of the scalar outputs named
@@ -85,6 +92,10 @@ class Reduction:
     def value(self, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
         """This step's value: the fetch, evaluated in the step (traced)."""
         return evaluate(self.fetch, state, batch, outputs, self)
+
+    def reads(self) -> set[str]:
+        """The outputs this reduction reads by name (none for a callable fetch or None)."""
+        return _names(self.fetch)
 
     def init(self, value: Any) -> Any:
         """The accumulator before the first step: a pytree of int32 or float32 NumPy
@@ -145,6 +156,9 @@ class Mean(Reduction):
                              "Sum it in the step (e.g. outputs['tokens'] = mask.sum()).")
         return {"value": super().value(state, batch, outputs), "weight": jnp.reshape(weight, ())}
 
+    def reads(self) -> set[str]:
+        return super().reads() | _names(self.weight)
+
     def init(self, value: Any) -> Any:
         if self.weight is None:  # the weight is the window's number of steps: nothing to carry
             return {"total": _zeros(value["value"])}
@@ -203,6 +217,9 @@ class Ratio(Reduction):
         return {part: evaluate(getattr(self, part), state, batch, outputs, self)
                 for part in ("numerator", "denominator")}
 
+    def reads(self) -> set[str]:
+        return _names(self.numerator) | _names(self.denominator)
+
     def init(self, value: Any) -> Any:
         return _zeros(value)
 
@@ -241,6 +258,9 @@ class Then(Reduction):
 
     def value(self, state: Any, batch: Any, outputs: Mapping[str, Any]) -> Any:
         return self.reduction.value(state, batch, outputs)
+
+    def reads(self) -> set[str]:
+        return self.reduction.reads()
 
     def init(self, value: Any) -> Any:
         return self.reduction.init(value)

@@ -33,8 +33,10 @@ class EvalHook(TimedHook):
     evaluation set on the device (`jm.Ratio("loss_sum", "tokens")` is Σ/Σ over every
     batch, not a mean of batch ratios); every other output (a per-batch mean) is
     averaged weighted by batch size (the leading dimension of the batch's arrays) on
-    the host in float64. The results are written as summaries `<prefix>/<name>` and
-    logged. Give equal-sized batches (pad and mask the last) to compile once;
+    the host in float64, but for those a metric reads (the sums a ratio divides), which
+    are not reported (give one its own metric, `jm.Sum("tokens")`, to have it). The
+    results are written as summaries `<prefix>/<name>` and logged. Give equal-sized
+    batches (pad and mask the last) to compile once;
     `trace_count` says how often it compiled. It evaluates after steps N, 2N, ... for
     `every_n_steps=N` (a resumed run keeps the schedule), and with `at_start=True`
     the state the session starts from too. With `carry=`, `eval_fn(state, batch, carry)
@@ -167,6 +169,8 @@ class EvalHook(TimedHook):
         total = sum(weights)
         means = {name: float(sum(np.float64(r[name]) * w for r, w in zip(results, weights, strict=True)) / total)
                  for name in results[0]}
+        for name in set().union(*(reduction.reads() for reduction in self.metrics.values())):
+            means.pop(name, None)  # a metric's parts: not means of their own
         for (name, reduction), acc in zip(self.metrics.items(), accs, strict=True):
             means[name] = float(np.asarray(reduction.result(acc, len(results))))
         self.latest = means

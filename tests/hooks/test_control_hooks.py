@@ -573,6 +573,19 @@ def test_an_eval_fn_with_a_carry_over_three_batches_equals_the_whole_split_in_on
     assert reset.latest["per_step"] < whole  # without the carry each batch starts again from 0
 
 
+def test_eval_reports_the_parts_a_metric_reads_only_when_asked_for():
+    def sums(state, batch):
+        return {"loss_sum": jnp.sum(batch["x"]), "tokens": jnp.float32(batch["x"].size), "mean": batch["x"].mean()}
+
+    ratio = jm.EvalHook(sums, EQUAL_BATCHES, metrics={"loss": jm.Ratio("loss_sum", "tokens")}, at_end=True)
+    asked = jm.EvalHook(sums, EQUAL_BATCHES, metrics={"loss": jm.Ratio("loss_sum", "tokens"),
+                                                      "tokens": jm.Sum("tokens")}, at_end=True)
+    with jm.MonitoredSession(float_count, float_zero, hooks=[ratio, asked, jm.StopAtStepHook(last_step=1)]) as sess:
+        run_loop(sess)
+    assert ratio.latest == {"loss": pytest.approx(2.0), "mean": pytest.approx(2.0)}  # no mean of sums
+    assert asked.latest == {"loss": pytest.approx(2.0), "mean": pytest.approx(2.0), "tokens": 12.0}
+
+
 def test_eval_weights_batches_by_their_size():
     batches = [{"x": np.ones((4,), np.float32) * 1}, {"x": np.ones((2,), np.float32) * 4}]
     hook = jm.EvalHook(scaled, batches, every_n_steps=3, at_end=False)
