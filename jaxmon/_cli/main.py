@@ -43,6 +43,7 @@ Train, inspect and plot jaxmon runs.
   jaxmon train --config configs/default.py --workdir runs/lr --config.optimizer.learning_rate=1e-3
   jaxmon inspect runs/default
   jaxmon plot runs/default
+  jaxmon sweep --config configs/default.py --workdir runs/sweep --grid seed=0,1 --grid optimizer.learning_rate=1e-3,3e-3
   jaxmon launch -n 2 -- python my_training.py
 
 A run's directory holds its checkpoints (one directory per step), TensorBoard event
@@ -135,9 +136,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     _add_train(commands)
     from jaxmon._cli.check import add_check
     from jaxmon._cli.launcher import add_launch
+    from jaxmon._cli.sweep import add_sweep
 
     add_launch(commands)
-    for command in (add_inspect(commands), add_plot(commands), add_check(commands)):
+    for command in (add_inspect(commands), add_plot(commands), add_check(commands), add_sweep(commands)):
         command.add_argument("--debug", action="store_true", help="print a failure's traceback")
     overrides, rest = _split_overrides(argv)
     args = parser.parse_args(rest)

@@ -155,6 +155,11 @@ def _rank_best(checkpoints: list[dict[str, Any]]) -> None:
         item["best_rank"] = 1 + sum(sign * c["best_metric"] < sign * item["best_metric"] for c in ranked)
 
 
+def plot_workdirs(workdirs: list[str], out: str) -> int:
+    """`jaxmon plot WORKDIRS --out OUT` (one line says what it wrote, or why not); its exit code."""
+    return _plot(argparse.Namespace(workdirs=list(workdirs), out=out, tags=None))
+
+
 def _plot(args: argparse.Namespace) -> int:
     try:
         plt = _pyplot()

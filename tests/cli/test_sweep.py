@@ -1,0 +1,88 @@
+"""`jaxmon sweep`: a grid of config values, one `jaxmon train` per point in a workdir of
+its own; a rerun trains only the unfinished points; a table and one plot at the end."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import DEFAULT, ROOT, cpu_env
+
+import jaxmon as jm
+from jaxmon._cli.sweep import grid_points, point_name
+
+LM_SHORT = ["--config.steps=10", "--config.model.num_layers=1", "--config.hooks.1.every_n_steps=10",
+            "--config.session.save_checkpoint_steps=10", "--config.optimizer.learning_rate.decay_steps=10",
+            "--config.optimizer.learning_rate.warmup_steps=2"]
+
+
+def sweep(*args, **popen):
+    return subprocess.Popen([sys.executable, "-m", "jaxmon", "sweep", *map(str, args)], cwd=ROOT, env=cpu_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_the_points_are_every_combination_of_the_grids_values():
+    assert grid_points(["seed=0,1", "optimizer.learning_rate=1e-3, 3e-3"]) == [
+        {"seed": "0", "optimizer.learning_rate": "1e-3"}, {"seed": "0", "optimizer.learning_rate": "3e-3"},
+        {"seed": "1", "optimizer.learning_rate": "1e-3"}, {"seed": "1", "optimizer.learning_rate": "3e-3"}]
+    assert point_name({"model.name": "jaxmon.models:MLP", "seed": "1"}) == "model.name=jaxmon.models_MLP,seed=1"
+    for bad in ("seed", "seed=", "=1,2", "seed=1,,2"):
+        with pytest.raises(ValueError, match="give a config key and its values"):
+            grid_points([bad])
+
+
+def test_a_grid_of_an_unknown_key_exits_2_with_one_line_before_any_training(tmp_path):
+    done = sweep("--config", DEFAULT, "--workdir", tmp_path / "s", "--grid", "optimizer.learnig_rate=1e-3,3e-3")
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Did you mean 'optimizer.learning_rate'?" in err and not list((tmp_path / "s").glob("*=*"))
+
+
+@pytest.mark.slow
+def test_a_2_by_2_grid_of_the_lm_config_writes_4_runs_a_table_and_one_plot(tmp_path):
+    done = sweep("--config", ROOT / "configs" / "lm.py", "--workdir", tmp_path, "--grid", "seed=0,1",
+                 "--grid", "optimizer.learning_rate.peak_value=0.003,0.01", *LM_SHORT)
+    out, err = done.communicate(timeout=600)
+    assert done.returncode == 0, err[-3000:]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [row["point"] for row in rows] == grid_points(["seed=0,1", "optimizer.learning_rate.peak_value=0.003,0.01"])
+    for row in rows:
+        assert jm.latest_checkpoint_step(row["workdir"]) == 10 and os.path.dirname(row["workdir"]) == str(tmp_path)
+        assert set(row["metrics"]) >= {"eval/loss", "eval/perplexity", "eval/accuracy"}, row
+    table = out.strip().splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("seed  optimizer.learning_rate.peak_value"))
+    assert "eval/loss" in table[header] and len(table[header + 1:header + 5]) == 4
+    for line, row in zip(table[header + 1:header + 5], rows, strict=True):
+        assert line.split()[:2] == list(row["point"].values())
+        assert f"{row['metrics']['eval/loss']:.6g}" in line.split()
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a point's process ends with the sweep's on Linux")
+def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(tmp_path):
+    args = ["--config", DEFAULT, "--workdir", tmp_path, "--grid", "seed=0,1,2", "--config.steps=1000"]
+    first = sweep(*args, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while jm.latest_checkpoint_step(tmp_path / "seed=1") is None:  # point 1 finished, point 2 started
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the second point never started"
+            time.sleep(0.05)
+        os.killpg(first.pid, signal.SIGKILL)
+    finally:
+        first.communicate(timeout=60)
+    assert jm.latest_checkpoint_step(tmp_path / "seed=0") == 1000
+    assert jm.latest_checkpoint_step(tmp_path / "seed=1") < 1000 and not (tmp_path / "seed=2").exists()
+    finished = (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns
+    rerun = sweep(*args)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err[-3000:]
+    assert "[1/3] seed=0: finished already" in out
+    assert "[2/3] seed=1: training" in out and "[3/3] seed=2: training" in out
+    assert (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == finished  # not trained again
+    assert all(jm.latest_checkpoint_step(tmp_path / f"seed={seed}") == 1000 for seed in range(3))
+    assert len(json.loads((tmp_path / "sweep.json").read_text())) == 3
