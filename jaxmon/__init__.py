@@ -42,7 +42,14 @@ if TYPE_CHECKING:
     from jaxmon._run.session import MonitoredSession
     from jaxmon._run.train_state import TrainState
     from jaxmon._run.training import USE_DEFAULT, MonitoredTrainingSession
-    from jaxmon._writers import JsonlWriter, MultiWriter, SummaryWriter, SummaryWriterCache, TensorBoardWriter
+    from jaxmon._writers import (
+        JsonlWriter,
+        MlflowWriter,
+        MultiWriter,
+        SummaryWriter,
+        SummaryWriterCache,
+        TensorBoardWriter,
+    )
     from jaxmon.hooks import (
         CheckpointSaverHook,
         CheckpointSaverListener,
@@ -92,7 +99,8 @@ _PUBLIC = {
     "jaxmon._run.session": ("MonitoredSession",),
     "jaxmon._run.train_state": ("TrainState",),
     "jaxmon._run.training": ("USE_DEFAULT", "MonitoredTrainingSession"),
-    "jaxmon._writers": ("JsonlWriter", "MultiWriter", "SummaryWriter", "SummaryWriterCache", "TensorBoardWriter"),
+    "jaxmon._writers": ("JsonlWriter", "MlflowWriter", "MultiWriter", "SummaryWriter", "SummaryWriterCache",
+                        "TensorBoardWriter"),
     "jaxmon.hooks": (
         "CheckpointSaverHook", "CheckpointSaverListener", "EarlyStoppingHook", "EvalHook", "FeedFnHook",
         "FinalOpsHook", "GlobalStepWaiterHook", "GoodputHook", "Histogram", "Image", "LoggingHook",
@@ -145,6 +153,7 @@ __all__ = [
     "LoggingHook",
     "LoggingTensorHook",
     "Mean",
+    "MlflowWriter",
     "MonitoredSession",
     "MonitoredTrainingSession",
     "MultiWriter",

@@ -11,7 +11,7 @@ from jaxmon._experiment.config_file import ConfigError
 
 #: The keys an experiment config may have at its top level.
 TOP_LEVEL = ("seed", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start", "name",
-             "mesh", "sharding", "perf")
+             "mesh", "sharding", "perf", "writers")
 
 _MISSING = object()
 

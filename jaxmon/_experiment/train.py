@@ -21,7 +21,7 @@ from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
-from jaxmon._experiment.sections import hooks_of, session_args_of, throughput_of
+from jaxmon._experiment.sections import hooks_of, session_args_of, throughput_of, writers_of
 from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
@@ -270,6 +270,7 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
         placed = {} if e.layout is None else {"mesh": e.layout.mesh, "batch_sharding": e.layout.batch_sharding}
         return MonitoredTrainingSession(e.step_fn, e.init_fn, data=e.data, checkpoint_dir=e.workdir, hooks=e.hooks,
                                         chief_only_hooks=e.chief_only_hooks, config=e.config, **placed,
+                                        writers=writers_of(e.config.get("writers"), e.workdir),
                                         **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
     except ConfigError:  # the state's initialisation names the model's values
         raise

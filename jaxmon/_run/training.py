@@ -64,6 +64,9 @@ class MonitoredTrainingSession(MonitoredSession):
         same checkpoint together, so no process waits for another to initialise.
       config: a JSON-serialisable dict saved with every checkpoint and, on the chief,
         written once to TensorBoard as the text summary `config`.
+      writers: more writers of what the chief writes to `summary_dir` (an experiment
+        tracker's: `jm.MlflowWriter`), on the report thread with the rest; closed with
+        the summaries.
       **kwargs: anything else `MonitoredSession` takes (`warm_start`,
         `max_recoveries`, `donate_state`, `handle_sigterm`, ...).
 
@@ -102,6 +105,7 @@ class MonitoredTrainingSession(MonitoredSession):
         max_wait_secs: float = 7200,
         config: Mapping[str, Any] | None = None,
         hparams: Mapping[str, Any] | None = None,
+        writers: Iterable[Any] = (),
         **kwargs: Any,
     ):
         if hparams is not None and not isinstance(hparams, Mapping):
@@ -148,6 +152,8 @@ class MonitoredTrainingSession(MonitoredSession):
                 self.is_chief or jax.process_count() > 1):
             standard.append(CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
                                                 save_steps=save_checkpoint_steps, max_to_keep=max_to_keep))
+        for writer in writers if self.summary_dir is not None else ():  # before a hook opens the directory's writer
+            SummaryWriterCache.add_writer(self.summary_dir, writer)
         super().__init__(step_fn, init_fn, state=state, data=data, hooks=[*standard, *hooks],
                          checkpoint_dir=checkpoint_dir, config=config,
                          stop_grace_period_secs=stop_grace_period_secs, **kwargs)

@@ -54,9 +54,9 @@ class MultiWriter:
         return f"MultiWriter({list(self.writers)!r})"
 
 
-def default_writer(logdir: str | os.PathLike) -> MultiWriter:
-    """TensorBoard event files in `logdir` plus `logdir/metrics.jsonl`."""
-    return MultiWriter([TensorBoardWriter(logdir), JsonlWriter(os.path.join(logdir, "metrics.jsonl"))])
+def default_writer(logdir: str | os.PathLike, more: Sequence[SummaryWriter] = ()) -> MultiWriter:
+    """TensorBoard event files in `logdir` plus `logdir/metrics.jsonl` (and `more` writers)."""
+    return MultiWriter([TensorBoardWriter(logdir), JsonlWriter(os.path.join(logdir, "metrics.jsonl")), *more])
 
 
 class SummaryWriterCache:
@@ -79,6 +79,18 @@ class SummaryWriterCache:
 
     _lock = threading.Lock()
     _writers: dict[str, list] = {}  # logdir -> [writer, number of open handles]
+    _more: dict[str, list[SummaryWriter]] = {}  # logdir -> writers its next shared writer writes to too
+
+    @classmethod
+    def add_writer(cls, logdir: str | os.PathLike, writer: SummaryWriter) -> None:
+        """Makes the shared writer of `logdir`, when it opens next, write to `writer` too
+        (an experiment tracker's, `MlflowWriter`), and close it with itself."""
+        key = os.path.abspath(os.fspath(logdir))
+        with cls._lock:
+            if key in cls._writers:
+                raise RuntimeError(f"The summaries of {key} are being written already: add {writer!r} before a "
+                                   "hook or session opens the directory's writer.")
+            cls._more.setdefault(key, []).append(writer)
 
     @classmethod
     def get(cls, logdir: str | os.PathLike) -> _SharedWriter:
@@ -86,7 +98,7 @@ class SummaryWriterCache:
         with cls._lock:
             entry = cls._writers.get(key)
             if entry is None:
-                entry = cls._writers[key] = [BackgroundWriter(default_writer(key)), 0]
+                entry = cls._writers[key] = [BackgroundWriter(default_writer(key, cls._more.pop(key, ()))), 0]
             entry[1] += 1
         return _SharedWriter(key, entry[0], cls._release)
 
