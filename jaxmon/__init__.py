@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         SummaryWriter,
         SummaryWriterCache,
         TensorBoardWriter,
+        WandbWriter,
     )
     from jaxmon.hooks import (
         CheckpointSaverHook,
@@ -100,7 +101,7 @@ _PUBLIC = {
     "jaxmon._run.train_state": ("TrainState",),
     "jaxmon._run.training": ("USE_DEFAULT", "MonitoredTrainingSession"),
     "jaxmon._writers": ("JsonlWriter", "MlflowWriter", "MultiWriter", "SummaryWriter", "SummaryWriterCache",
-                        "TensorBoardWriter"),
+                        "TensorBoardWriter", "WandbWriter"),
     "jaxmon.hooks": (
         "CheckpointSaverHook", "CheckpointSaverListener", "EarlyStoppingHook", "EvalHook", "FeedFnHook",
         "FinalOpsHook", "GlobalStepWaiterHook", "GoodputHook", "Histogram", "Image", "LoggingHook",
@@ -190,6 +191,7 @@ __all__ = [
     "Trigger",
     "USE_DEFAULT",
     "UnavailableError",
+    "WandbWriter",
     "WarmStartReport",
     "apply_overrides",
     "checkpoints_iterator",

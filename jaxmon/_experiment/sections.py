@@ -84,7 +84,8 @@ def _optax(name: str, key: str) -> Callable[..., Any]:
 def writers_of(specs: Any, workdir: str) -> list[Any]:
     """The `writers` section: experiment trackers that get what the run writes to
     TensorBoard and metrics.jsonl, `[{"name": "mlflow", "tracking_uri": ..., "experiment":
-    ...}]` (`jm.MlflowWriter`'s arguments; the chief's only)."""
+    ...}]` (`jm.MlflowWriter`'s arguments) or `{"name": "wandb", "project": ...}`
+    (`jm.WandbWriter`'s); the chief's only."""
     if specs is None:
         return []
     if not isinstance(specs, list) or not all(isinstance(spec, Mapping) for spec in specs):
@@ -94,13 +95,15 @@ def writers_of(specs: Any, workdir: str) -> list[Any]:
     for i, spec in enumerate(specs):
         spec = dict(spec)
         name = pop_key(spec, "name", f"writers.{i}.name")
-        if name != "mlflow":
-            raise ConfigError(f"writers.{i}.name={name!r}: the writers are 'mlflow' (jm.MlflowWriter).")
+        kind = {"mlflow": jaxmon.MlflowWriter, "wandb": jaxmon.WandbWriter}.get(name)
+        if kind is None:
+            raise ConfigError(f"writers.{i}.name={name!r}: the writers are 'mlflow' (jm.MlflowWriter) and 'wandb' "
+                              "(jm.WandbWriter).")
         try:
-            writers.append(jaxmon.MlflowWriter(workdir, **spec))
+            writers.append(kind(workdir, **spec))
         except TypeError as error:
-            raise ConfigError(f"writers.{i}: {error}; jm.MlflowWriter takes tracking_uri, experiment and "
-                              "run_name.") from error
+            takes = ", ".join(list(inspect.signature(kind).parameters)[1:])
+            raise ConfigError(f"writers.{i}: {error}; jm.{kind.__name__} takes {takes}.") from error
     return writers
 
 

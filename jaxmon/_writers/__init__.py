@@ -7,6 +7,7 @@ from jaxmon._writers.jsonl import JsonlWriter
 from jaxmon._writers.mlflow_runs import MlflowWriter
 from jaxmon._writers.slot import WriterSlot, flush_all
 from jaxmon._writers.tensorboard import TensorBoardWriter
+from jaxmon._writers.wandb_runs import WandbWriter
 
 __all__ = ["JsonlWriter", "MlflowWriter", "MultiWriter", "SummaryWriter", "SummaryWriterCache", "TensorBoardWriter",
-           "WriterSlot", "default_writer", "flush_all", "restart"]
+           "WandbWriter", "WriterSlot", "default_writer", "flush_all", "restart"]
