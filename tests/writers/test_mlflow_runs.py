@@ -102,3 +102,5 @@ def test_jaxmon_train_killed_and_resumed_writes_one_mlflow_run(tmp_path, store):
     assert {m.step for m in client.get_metric_history(run_id, "eval/accuracy")} == {25, 50}
     assert max(m.step for m in client.get_metric_history(run_id, "loss")) == 50
     assert runs[0].data.params["optimizer.name"] == "adam" and runs[0].data.params["steps"] == "50"
+    text = client.download_artifacts(run_id, "text/config/step_0.txt", str(tmp_path / "art"))
+    assert json.loads(open(text).read())["steps"] == 50
