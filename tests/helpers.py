@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -462,3 +463,48 @@ def programs_for(lengths, scan_unroll="auto") -> int:
     from jaxmon._run.scan_unroll import dynamic_length
 
     return 1 if dynamic_length(scan_unroll, jax.default_backend()) and max(lengths) > 1 else len(set(lengths) | {1})
+
+
+def kill_once_checkpointed(command, workdir, step, pick=None, env=None, stderr=None):
+    """Starts `command`, SIGKILLs it (or the child process `pick(pid)` chooses) once
+    checkpoint `step` is complete, and returns (exit code, seconds from the kill to its
+    end, the pids of its children when killed); its stderr goes to the file `stderr`."""
+    with open(stderr or os.devnull, "w") as err:
+        process = subprocess.Popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 400
+        while (jm.latest_checkpoint_step(workdir) or 0) < step:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        children = [int(pid) for pid in open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()]
+        victim = process.pid if pick is None else pick(process.pid)
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        code = process.wait(timeout=120)
+        return code, time.monotonic() - killed, children
+    finally:
+        process.kill()
+
+
+_TRACKED = """
+def get_config():
+    return {
+        "seed": 0, "steps": 50,
+        "data": {"source": "jaxmon.datasets:digits", "batch_size": 16, "eval_batch_size": 40},
+        "model": {"name": "jaxmon.models:MLP", "features": [16], "num_outputs": 10},
+        "task": "classification",
+        "optimizer": {"name": "adam", "learning_rate": 2e-3},
+        "hooks": [{"name": "EvalHook", "every_n_steps": 25}, {"name": "slowdown:Sleep", "secs": 0.05}],
+        "session": {"save_checkpoint_steps": 10, "save_summaries_steps": 10},
+        "writers": [WRITER],
+    }
+"""
+
+
+def tracked_config(directory: pathlib.Path, writer: dict) -> pathlib.Path:
+    """Writes `directory/tracked.py`: 50 steps of `tiny_config`'s MLP (a checkpoint every 10,
+    evaluations at 25 and 50, 0.05 s after each run) with `writer` in its `writers`; its path."""
+    tiny_config(directory, steps=1)  # its slowdown.py
+    path = directory / "tracked.py"
+    path.write_text(_TRACKED.replace("WRITER", repr(writer)))
+    return path

@@ -20,7 +20,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, cpu_env
+from helpers import ROOT, cpu_env, kill_once_checkpointed
 
 import jaxmon as jm
 
@@ -214,27 +214,6 @@ def test_the_lm_config_trains_below_the_unigram_entropy_of_its_data_in_under_two
 
 
 # -- configs/lm_fsdp.py: 8 devices, one device, two processes --------------------------------------
-
-def kill_once_checkpointed(command, workdir, step, pick=None, env=None, stderr=None):
-    """Starts `command`, SIGKILLs it (or the child process `pick(pid)` chooses) once
-    checkpoint `step` is complete, and returns (exit code, seconds from the kill to its
-    end, the pids of its children when killed); its stderr goes to the file `stderr`."""
-    with open(stderr or os.devnull, "w") as err:
-        process = subprocess.Popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 400
-        while (jm.latest_checkpoint_step(workdir) or 0) < step:
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        children = [int(pid) for pid in open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()]
-        victim = process.pid if pick is None else pick(process.pid)
-        killed = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        code = process.wait(timeout=120)
-        return code, time.monotonic() - killed, children
-    finally:
-        process.kill()
-
 
 def running(pid):
     """Whether `pid` runs (a zombie, ended and not yet reaped, does not)."""

@@ -3,15 +3,13 @@
 the resume; a process that is not the chief writes nothing."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax.numpy as jnp
 import pytest
-from helpers import ROOT, cpu_env
+from helpers import ROOT, cpu_env, kill_once_checkpointed, tracked_config
 
 import jaxmon as jm
 
@@ -58,40 +56,13 @@ def test_a_process_that_is_not_the_chief_creates_no_mlflow_run(tmp_path, store):
     assert mlflow.tracking.MlflowClient(store).get_experiment_by_name("unit") is None
 
 
-CONFIG = """
-def get_config():
-    return {
-        "seed": 0, "steps": 50,
-        "data": {"source": "jaxmon.datasets:digits", "batch_size": 16, "eval_batch_size": 40},
-        "model": {"name": "jaxmon.models:MLP", "features": [16], "num_outputs": 10},
-        "task": "classification",
-        "optimizer": {"name": "adam", "learning_rate": 2e-3},
-        "hooks": [{"name": "EvalHook", "every_n_steps": 25}, {"name": "slowdown:Sleep", "secs": 0.05}],
-        "session": {"save_checkpoint_steps": 10, "save_summaries_steps": 10},
-        "writers": [{"name": "mlflow", "tracking_uri": %r, "experiment": "tiny"}],
-    }
-"""
-
-
 @pytest.mark.slow
 def test_jaxmon_train_killed_and_resumed_writes_one_mlflow_run(tmp_path, store):
-    from helpers import tiny_config
-
-    tiny_config(tmp_path, steps=1)  # its slowdown.py: a hook that sleeps after each run
-    config = tmp_path / "tracked.py"
-    config.write_text(CONFIG % store)
+    config = tracked_config(tmp_path, {"name": "mlflow", "tracking_uri": store, "experiment": "tiny"})
     command = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir", str(tmp_path / "run")]
     env = {**cpu_env(), "MLFLOW_ALLOW_FILE_STORE": "true"}
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while (jm.latest_checkpoint_step(tmp_path / "run") or 0) < 20:
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "no checkpoint 20"
-            time.sleep(0.05)
-        os.kill(first.pid, signal.SIGKILL)
-    finally:
-        first.communicate(timeout=60)
+    code, _, _ = kill_once_checkpointed(command, tmp_path / "run", 20, env=env)
+    assert code == -signal.SIGKILL
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     client = mlflow.tracking.MlflowClient(store)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
-from helpers import ROOT, cpu_env, tiny_config
+from helpers import ROOT, cpu_env, kill_once_checkpointed, tracked_config
 
 import jaxmon as jm
 
@@ -107,25 +107,8 @@ def test_a_process_that_is_not_the_chief_starts_no_wandb_run(tmp_path):
     assert not (tmp_path / "wandb_run.json").exists() and not (tmp_path / "wandb").exists()
 
 
-CONFIG = """
-def get_config():
-    return {
-        "seed": 0, "steps": 50,
-        "data": {"source": "jaxmon.datasets:digits", "batch_size": 16, "eval_batch_size": 40},
-        "model": {"name": "jaxmon.models:MLP", "features": [16], "num_outputs": 10},
-        "task": "classification",
-        "optimizer": {"name": "adam", "learning_rate": 2e-3},
-        "hooks": [{"name": "EvalHook", "every_n_steps": 25}, {"name": "slowdown:Sleep", "secs": 0.05}],
-        "session": {"save_checkpoint_steps": 10, "save_summaries_steps": 10},
-        "writers": [{"name": "wandb", "project": "tiny", "mode": "offline"}],
-    }
-"""
-
-
 def _train_command(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
-    tiny_config(tmp_path, steps=1)  # its slowdown.py: a hook that sleeps after each run
-    config = tmp_path / "tracked.py"
-    config.write_text(CONFIG)
+    config = tracked_config(tmp_path, {"name": "wandb", "project": "tiny", "mode": "offline"})
     command = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir", str(tmp_path / "run")]
     # Not this process's W&B service (its address is in WANDB_SERVICE once a test here used W&B): each
     # command starts its own, as a fresh shell's would.
@@ -148,16 +131,8 @@ def test_jaxmon_train_writes_its_scalars_hyper_parameters_and_config_into_a_wand
 def test_jaxmon_train_killed_and_resumed_goes_on_with_one_wandb_run(tmp_path):
     command, env = _train_command(tmp_path)
     workdir = tmp_path / "run"
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while (jm.latest_checkpoint_step(workdir) or 0) < 20:
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "no checkpoint 20"
-            time.sleep(0.05)
-        os.kill(first.pid, signal.SIGKILL)
-    finally:
-        first.communicate(timeout=60)
+    code, _, _ = kill_once_checkpointed(command, workdir, 20, env=env)
+    assert code == -signal.SIGKILL
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     run_id = json.loads((workdir / "wandb_run.json").read_text())["run_id"]
