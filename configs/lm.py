@@ -51,7 +51,9 @@ def get_config() -> dict:
         "hooks": [
             {"name": "ProgressBarHook", "fetches": ["loss"]},  # chief_only by default
             {"name": "EvalHook", "every_n_steps": 100},  # eval/loss, eval/perplexity, eval/accuracy on the test split
-            {"name": "NanHook"},
+            # A NaN, or a loss 10x its running average (from step 1: 10x the first loss), stops the run
+            # (on_nan="rollback" goes back to the newest checkpoint instead); checked at least every 10 steps.
+            {"name": "NanHook", "spike_factor": 10.0, "every_n_steps": 10},
         ],
         "session": {  # MonitoredTrainingSession's arguments (None turns a setting off)
             "save_checkpoint_steps": 100,

@@ -291,7 +291,8 @@ class FirstNonFinite(Reduction):
         steps: the (n + 1)-th is then the reported step.
       spike_factor: a scalar value above `spike_factor` times the running average of
         the good values before it is a spike (None: no spike rule); for positive
-        values, such as a loss.
+        values, such as a loss. Until the average has warmed up, the level is the first
+        good value: a run that diverges in its first steps is caught too.
       spike_warmup: how many good values the running average takes before it judges.
       spike_decay: the running average's decay per good value (an exponential mean
         over about 1 / (1 - decay) values).
@@ -322,7 +323,8 @@ class FirstNonFinite(Reduction):
                "skipped": np.array(0, np.int32)}
         if self.spike_factor is not None:
             acc |= {"spike": np.array(0, np.int32), "mean": np.array(0, np.float32),
-                    "weight": np.array(0, np.float32), "seen": np.array(0, np.int32)}
+                    "weight": np.array(0, np.float32), "seen": np.array(0, np.int32),
+                    "first": np.array(0, np.float32)}
         return acc
 
     def update(self, acc: Any, value: Any, step: jax.Array) -> Any:
@@ -333,11 +335,15 @@ class FirstNonFinite(Reduction):
         new = {}
         if self.spike_factor is not None:  # an exponential mean of the good values, debiased
             average = acc["mean"] / jnp.maximum(acc["weight"], 1e-30)
-            spike = ~bad & (acc["seen"] >= self.spike_warmup) & (shown > self.spike_factor * average)
+            warm = acc["seen"] >= self.spike_warmup
+            level = jnp.where(warm, average, acc["first"])  # before the warm-up ends: the first good value
+            judged = warm | ((acc["seen"] > 0) & (acc["first"] > 0))
+            spike = ~bad & judged & (shown > self.spike_factor * level)
             good, decay = ~bad & ~spike, self.spike_decay
             new = {"mean": jnp.where(good, decay * acc["mean"] + (1 - decay) * shown, acc["mean"]),
                    "weight": jnp.where(good, decay * acc["weight"] + (1 - decay), acc["weight"]),
-                   "seen": acc["seen"] + good.astype(jnp.int32)}
+                   "seen": acc["seen"] + good.astype(jnp.int32),
+                   "first": jnp.where(good & (acc["seen"] == 0), shown, acc["first"])}
             bad = bad | spike
         run = jnp.where(bad, acc["run"] + 1, 0)
         fails = bad & (run > self.max_skips) & (acc["step"] < 0)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._base.errors import check_on_error
-from jaxmon._base.hook import RunContext, RunValues
+from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Reduction
@@ -139,6 +139,11 @@ class EvalHook(TimedHook):
 
     def next_trigger(self, step: int) -> Trigger | None:
         return self.timer.next_trigger(step)
+
+    def before_run(self, ctx: RunContext) -> RunArgs | None:
+        # The accumulators read at this run, and every hook's `after_read` delivered before
+        # `after_run` (not late): a NanHook that finds the state bad acts before it is evaluated.
+        return RunArgs(read=True) if self.timer.should_trigger_for_step(ctx.next_step) else None
 
     def after_run(self, ctx: RunContext, values: RunValues) -> None:
         if self.timer.due(values.step):

@@ -53,7 +53,9 @@ class NanHook(TimedHook):
       max_rollbacks: the most roll-backs in one session (0: raise as "raise" does).
       spike_factor: a finite loss above this factor times its running average is a
         bad step too (a loss spike; judged on the device, see `jm.FirstNonFinite`);
-        None: no spike rule. spike_warmup: good steps before it judges.
+        until `spike_warmup` good steps have made the average, above this factor times
+        the first good loss (a run that diverges from its first steps); None: no spike
+        rule.
       output_dir, summary_writer: where the counts go (`nan/nan_steps`,
         `nan/inf_steps`, `nan/spike_steps`, `nan/rollbacks`, `nan/skipped_batches`,
         written when they change); with neither, they are only logged.
@@ -129,7 +131,9 @@ class NanHook(TimedHook):
         if first["step"] is None or self._done:
             return
         kind = "Spike in the" if first.get("spike") else _kind(first["value"])
-        where = f"{self.fetch!r} = {first['value']} at step {first['step']}"
+        value = first["value"]
+        where = f"{self.fetch!r} = {value:.6g} at step {first['step']}" if isinstance(value, float) else (
+            f"{self.fetch!r} = {value} at step {first['step']}")
         self._counts["spike_steps" if first.get("spike") else "nan_steps" if kind == "NaN" else "inf_steps"] += 1
         self._done = True
         if self._session is not None:  # never saved, even by a close() after the error was caught

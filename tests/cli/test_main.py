@@ -216,6 +216,22 @@ def test_a_schedule_switched_in_one_override_trains(tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("step 4: "), result.stdout[-2000:]
 
 
+@pytest.mark.slow
+def test_a_diverging_lm_run_is_stopped_within_20_steps_of_its_blow_up_with_one_line(tmp_path):
+    """The trial's learning rate of 30 (the loss 4.8 -> 850 in 4 steps, inside the spike
+    rule's warm-up): configs/lm.py's NanHook stops it, before its evaluation at step 20."""
+    result = jaxmon("train", "--config", ROOT / "configs" / "lm.py", "--workdir", tmp_path, "--config.steps=100",
+                    "--config.optimizer.learning_rate.peak_value=30", "--config.model.num_layers=1",
+                    "--config.hooks.1.every_n_steps=20")
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    found = re.fullmatch(r"jaxmon train: NanLossDuringTrainingError: Spike in the loss during training: 'loss' = "
+                         r"[\d.]{1,7} at step (\d+)\. .*\(raised in NanHook\(.*\)\.after_read at step (\d+)\)", last)
+    assert found and int(found[2]) - int(found[1]) <= 20, last
+    assert "eval at step" not in result.stdout + result.stderr
+    assert jm.latest_checkpoint_step(tmp_path) == 0  # the bad state is never saved
+
+
 def test_inspect_lists_checkpoints_metrics_and_config(run):
     workdir, _ = run
     text = jaxmon("inspect", workdir)

@@ -90,6 +90,22 @@ def test_a_loss_100_times_its_average_at_step_53_is_rolled_back_by_the_spike_rul
     assert counts[-1]["nan/spike_steps"] == 1 and counts[-1]["nan/skipped_batches"] == 3
 
 
+def test_a_run_that_diverges_from_its_first_steps_is_stopped_before_an_evaluation_of_the_bad_state(tmp_path):
+    """The loss grows 1000-fold at step 3, inside the spike rule's warm-up: judged against
+    the first step's loss, it is caught; the evaluation due at step 5 reads the check
+    first, so it never evaluates the bad state."""
+    x = np.ones(100, np.float32)
+    x[2:] = 1000.0  # from the batch of step 3 on
+    evaluations = jm.EvalHook(lambda state, batch: {"count": state["count"]}, [{"x": np.ones(1)}], every_n_steps=5,
+                              at_end=False)
+    with pytest.raises(jm.NanLossDuringTrainingError, match="Spike in the loss during training: 'loss' = 1000 at "
+                                                            "step 3") as raised:
+        train(tmp_path, x, last_step=60, nan_hook=jm.NanHook(spike_factor=10.0, every_n_steps=100),
+              chief_only_hooks=[evaluations])
+    assert raised.value.step == 3 and evaluations.history == []
+    assert jm.latest_checkpoint_step(str(tmp_path)) == 0  # nothing after the bad step was saved
+
+
 def test_rollbacks_stop_after_max_rollbacks(tmp_path):
     x = np.ones(200, np.float32)
     x[[36, 44, 55]] = np.nan  # three bad batches: two roll-backs allowed

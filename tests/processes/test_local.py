@@ -332,6 +332,24 @@ def _wait_for_checkpoint(workdir: Path, launcher: subprocess.Popen, step: int) -
         time.sleep(0.2)
 
 
+def _signal_after_checkpoint_20(tmp_path: Path, signum: int, victim: int) -> tuple[int, str, str, float]:
+    """A `--processes 2` run on and on; child `victim` gets `signum` after checkpoint 20. The
+    launcher's exit code, output, and the seconds it took to end after the signal."""
+    workdir = tmp_path / "run"
+    launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
+    try:
+        _wait_for_checkpoint(workdir, launcher, 20)
+        os.kill(_children(launcher.pid)[victim], signum)
+        start = time.monotonic()
+        out, err = launcher.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        _stop(launcher)
+    print(f"{signal.Signals(signum).name} of process {victim}: the launcher ended {seconds:.2f} s later, exit "
+          f"{launcher.returncode}")
+    return launcher.returncode, out, err, seconds
+
+
 @pytest.mark.processes
 @pytest.mark.slow
 def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
@@ -379,18 +397,8 @@ def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(tmp_path):
 def test_a_hung_worker_ends_the_launch_with_75_and_one_line_within_30_seconds(tmp_path):
     """Process 1 stopped (SIGSTOP): process 0 ends at the heartbeat timeout with 75, and the
     launcher stops process 1 and ends with 75, after one line naming process 0."""
-    workdir = tmp_path / "run"
-    launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
-    try:
-        _wait_for_checkpoint(workdir, launcher, 20)
-        os.kill(_children(launcher.pid)[1], signal.SIGSTOP)
-        start = time.monotonic()
-        out, err = launcher.communicate(timeout=60)
-        seconds = time.monotonic() - start
-    finally:
-        _stop(launcher)
-    print(f"SIGSTOP of process 1: the launcher ended {seconds:.2f} s later, exit {launcher.returncode}")
-    assert launcher.returncode == 75 and seconds < 30, (seconds, err[-3000:])
+    code, out, err, seconds = _signal_after_checkpoint_20(tmp_path, signal.SIGSTOP, victim=1)
+    assert code == 75 and seconds < 30, (seconds, err[-3000:])
     assert err.strip().splitlines()[-1] == ("jaxmon train: process 0 of 2 exited with code 75 (its output is above); "
                                             "the other processes were stopped."), err[-3000:]
     assert "stopped answering" in err and "Traceback" not in err and not re.search(r"^[EF]\d{4} ", err, re.M), err
@@ -404,17 +412,8 @@ def test_a_killed_process_ends_the_launch_within_30_seconds_with_one_line_and_no
     it has not noticed by itself), and the launcher ends with the dead child's code and
     one line naming it; no traceback of any thread and no native log line around it."""
     workdir = tmp_path / "run"
-    launcher = _launch_processes(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
-    try:
-        _wait_for_checkpoint(workdir, launcher, 20)
-        os.kill(_children(launcher.pid)[victim], signal.SIGKILL)
-        start = time.monotonic()
-        out, err = launcher.communicate(timeout=60)
-        seconds = time.monotonic() - start
-    finally:
-        _stop(launcher)
-    print(f"SIGKILL of process {victim}: the launcher ended {seconds:.2f} s later, exit {launcher.returncode}")
-    assert launcher.returncode == 128 + signal.SIGKILL and seconds < 30, (seconds, err[-3000:])
+    code, out, err, seconds = _signal_after_checkpoint_20(tmp_path, signal.SIGKILL, victim)
+    assert code == 128 + signal.SIGKILL and seconds < 30, (seconds, err[-3000:])
     assert err.strip().splitlines()[-1] == (f"jaxmon train: process {victim} of 2 was killed by SIGKILL (its log is "
                                             f"{workdir}/process-1.log); the other processes were stopped."
                                             if victim else "jaxmon train: process 0 of 2 was killed by SIGKILL "
