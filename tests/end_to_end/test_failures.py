@@ -22,7 +22,7 @@ from jaxmon._checkpoints.manager import complete_steps
 
 
 @pytest.mark.parametrize("override, words", [
-    ("--config.steps=-5", ["Config key 'steps' is the last step to train to, at least 1; got -5", "--config.steps=100"]),
+    ("--config.steps=-5", ["'steps' is the last step to train to, at least 1; got -5", "--config.steps=100"]),
     ("--config.data.batch_size=100000", ["batch_size=100000", "1438 rows"]),
     ("--config.optimizer.lr=0.01", ["'optimizer.lr'", "Did you mean 'optimizer.learning_rate'?"]),
     ("--config.sesion.max_to_keep=2", ["'sesion.max_to_keep'", "Did you mean 'session.max_to_keep'?"]),
