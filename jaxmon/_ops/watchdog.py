@@ -105,12 +105,34 @@ class Watchdog:
                 "newest complete checkpoint.")
         stderr = sys.__stderr__ or sys.stderr  # the process's own: `jaxmon train` keeps other threads' text out
         try:
+            _flush_records()
             _cli_signals.flush_std_streams()
             print(f"{_failure_prefix()}watchdog: the stacks of every thread follow.\n{stacks}{line}", file=stderr,
                   flush=True)
             logging.shutdown()
         finally:
             os._exit(WATCHDOG_EXIT_CODE)
+
+
+#: Seconds the watchdog gives the summary writers to hand what they hold to the operating
+#: system before it ends the process (a writer that hangs too does not hold the exit).
+FLUSH_SECS = 5.0
+
+
+def _flush_records() -> None:
+    """The summaries written so far (every step the hooks were given), on disk before the
+    process ends: a flush of every writer, within `FLUSH_SECS`."""
+    from jaxmon._writers.slot import flush_all
+
+    def flush() -> None:
+        try:
+            flush_all()
+        except Exception as error:  # noqa: BLE001 - ending the process matters more; say why it could not
+            logging.getLogger("jaxmon").warning("The watchdog could not flush the summaries: %r", error)
+
+    thread = threading.Thread(target=flush, name="jaxmon-watchdog-flush", daemon=True)
+    thread.start()
+    thread.join(FLUSH_SECS)
 
 
 class _Off:

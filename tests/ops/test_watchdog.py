@@ -3,6 +3,7 @@ returns, a hook that blocks) ends within `watchdog_secs` and a few seconds, with
 thread's stack and one line saying the last step and what the loop was doing, exit code
 76; the same command then resumes from the newest complete checkpoint."""
 
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ DATA_SCRIPT = textwrap.dedent("""
         return state + batch, {"loss": state}
 
     with jm.MonitoredTrainingSession(step_fn, state=jnp.zeros(()), data=data(), checkpoint_dir=workdir,
-                                     save_checkpoint_steps=5, save_summaries_steps=None, log_step_count_steps=None,
+                                     save_checkpoint_steps=5, save_summaries_steps=1, log_step_count_steps=None,
                                      hooks=[jm.StopAtStepHook(last_step=20)], watchdog_secs=2,
                                      watchdog_startup_secs=120) as sess:
         print("restored", sess.restored_step, flush=True)
@@ -85,6 +86,8 @@ def test_a_data_iterator_that_blocks_ends_the_run_and_the_rerun_resumes(tmp_path
     assert _blocked_for(marker, ended) < 2 + 5, last
     assert "restored None" in result.stdout and "done" not in result.stdout
     assert f'File "{script}", line' in result.stderr and " in data\n" in result.stderr  # the generator's frame
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(record["step"] for record in records if "loss" in record) == 11  # past checkpoint 10: all delivered
 
     rerun = _run(args)  # the marker exists: the data no longer blocks
     assert rerun.returncode == 0, rerun.stderr[-3000:]
