@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -305,7 +306,9 @@ def draw(panels: list[Panel], title: str) -> Any:
         ax.grid(alpha=0.3, which="both" if panel.yscale == "log" else "major")
         if len(panel.lines) > 1 or panel.lines[0].eval:
             ax.legend(fontsize=7)
-    figure.suptitle(title, fontsize=9)
+    # Wrapped to the figure's width (about 6 pixels a character at 9 points): several runs' paths
+    # make a line wider than one panel's figure.
+    figure.suptitle(textwrap.fill(title, width=max(40, int(figure.get_figwidth() * figure.dpi / 6))), fontsize=9)
     figure.tight_layout()
     return figure
 

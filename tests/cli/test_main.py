@@ -344,3 +344,19 @@ def test_inspect_and_plot_skip_a_line_cut_off_by_a_killed_writer(run, tmp_path):
     assert re.search(r"^  loss +[\d.e-]+  \(step 1500\)$", result.stdout, re.M)  # the last of every 50 steps
     plot = jaxmon("plot", copy, "--out", tmp_path / "new" / "dir" / "m.png")
     assert plot.returncode == 0 and (tmp_path / "new" / "dir" / "m.png").exists()
+
+
+@pytest.mark.parametrize("runs", [1, 3])
+def test_the_plots_title_stands_clear_of_its_panels_and_within_the_figure(runs):
+    """One panel (a figure 450 px wide) of three runs whose paths make a title twice as wide."""
+    from jaxmon._cli.runs import draw, plot_plan
+
+    series = {"loss": ([1, 2, 3], [2.0, 1.0, 0.5]), "eval/loss": ([3], [0.7])}
+    figure = draw(plot_plan({f"run{i}": series for i in range(runs)}),
+                  ", ".join(["/tmp/a/long/path/to/the/directory/of/a/run"] * runs))
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    title = figure._suptitle.get_window_extent(renderer)  # noqa: SLF001 - matplotlib keeps the title there
+    panels = [ax.title.get_window_extent(renderer) for ax in figure.axes if ax.get_visible()]
+    assert panels and all(panel.y1 <= title.y0 for panel in panels), (title, panels)
+    assert 0 <= title.x0 and title.x1 <= figure.bbox.width and title.y1 <= figure.bbox.height, title
