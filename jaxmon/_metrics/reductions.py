@@ -337,8 +337,7 @@ class FirstNonFinite(Reduction):
             average = acc["mean"] / jnp.maximum(acc["weight"], 1e-30)
             warm = acc["seen"] >= self.spike_warmup
             level = jnp.where(warm, average, acc["first"])  # before the warm-up ends: the first good value
-            judged = warm | ((acc["seen"] > 0) & (acc["first"] > 0))
-            spike = ~bad & judged & (shown > self.spike_factor * level)
+            spike = ~bad & (warm | (acc["first"] > 0)) & (shown > self.spike_factor * level)  # first > 0: one good seen
             good, decay = ~bad & ~spike, self.spike_decay
             new = {"mean": jnp.where(good, decay * acc["mean"] + (1 - decay) * shown, acc["mean"]),
                    "weight": jnp.where(good, decay * acc["weight"] + (1 - decay), acc["weight"]),

@@ -237,9 +237,9 @@ def _data_position(meta: dict[str, Any], step: int, kind: str) -> Any:
         return meta.get("data")
     if len(positions) == jax.process_count():
         return positions[jax.process_index()]
-    if all(isinstance(p, dict) and "global_batch" in p for p in positions) and all(
-            p == positions[0] for p in positions):  # one global position: its batches split over any count
-        return positions[0]
+    first = positions[0]
+    if isinstance(first, dict) and "global_batch" in first and all(p == first for p in positions):
+        return first  # one global position: its batches split over any count
     logger.warning("Checkpoint %d was saved by %d JAX processes, this run has %d, and its data (a %s) has no global "
                    "position: every process restarts from the chief's, so the global batches are not the interrupted "
                    "run's. jm.ArrayDataSource(shard='process') keeps one, which resumes on any number of processes.",

@@ -131,9 +131,8 @@ class NanHook(TimedHook):
         if first["step"] is None or self._done:
             return
         kind = "Spike in the" if first.get("spike") else _kind(first["value"])
-        value = first["value"]
-        where = f"{self.fetch!r} = {value:.6g} at step {first['step']}" if isinstance(value, float) else (
-            f"{self.fetch!r} = {value} at step {first['step']}")
+        value = f"{first['value']:.6g}" if isinstance(first["value"], float) else first["value"]
+        where = f"{self.fetch!r} = {value} at step {first['step']}"
         self._counts["spike_steps" if first.get("spike") else "nan_steps" if kind == "NaN" else "inf_steps"] += 1
         self._done = True
         if self._session is not None:  # never saved, even by a close() after the error was caught
