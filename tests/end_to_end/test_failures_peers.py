@@ -105,6 +105,24 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
         process.wait(timeout=30)
 
 
+def _wait_for_checkpoint(workdir: Path, processes: list[subprocess.Popen], step: int) -> None:
+    """Returns once checkpoint `step` (or a later one) is complete; fails if a process ended first."""
+    deadline = time.monotonic() + 300
+    while (latest := jm.latest_checkpoint_step(workdir)) is None or latest < step:
+        assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+        assert time.monotonic() < deadline, f"no checkpoint {step} in {workdir}"
+        time.sleep(0.1)
+
+
+def _signal(victim: subprocess.Popen, signum: int, survivor: subprocess.Popen,
+            timeout: float) -> tuple[str, str, float]:
+    """Sends `signum` to `victim`; the survivor's output once it ends, and the seconds that took."""
+    os.kill(victim.pid, signum)
+    start = time.monotonic()
+    out, err = survivor.communicate(timeout=timeout)
+    return out, err, time.monotonic() - start
+
+
 def _run_to_the_end(config: Path, workdir: Path) -> None:
     processes = _start(config, workdir)
     try:
@@ -141,15 +159,8 @@ def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exact
     processes = _start(config, workdir)
     survivor = processes[1 - victim]
     try:
-        deadline = time.monotonic() + 300
-        while (jm.latest_checkpoint_step(workdir) or 0) < 20:  # mid-run: after the first saves
-            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
-            assert time.monotonic() < deadline, f"no checkpoint 20 in {workdir}"
-            time.sleep(0.1)
-        os.kill(processes[victim].pid, signal.SIGKILL)
-        start = time.monotonic()
-        out, err = survivor.communicate(timeout=30)
-        seconds = time.monotonic() - start
+        _wait_for_checkpoint(workdir, processes, 20)  # mid-run: after the first saves
+        out, err, seconds = _signal(processes[victim], signal.SIGKILL, survivor, timeout=30)
     finally:
         _kill_all(processes)
     print(f"SIGKILL of process {victim}: process {1 - victim} ended {seconds:.2f} s later, exit "
@@ -181,15 +192,8 @@ def test_a_hung_peer_ends_the_other_with_75_and_one_line_within_30_seconds(tmp_p
     workdir = tmp_path / "run"
     processes = _start(tiny_config(tmp_path, steps=10_000, sleep=0.02), workdir)
     try:
-        deadline = time.monotonic() + 300
-        while (jm.latest_checkpoint_step(workdir) or 0) < 20:
-            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
-            assert time.monotonic() < deadline, f"no checkpoint 20 in {workdir}"
-            time.sleep(0.1)
-        os.kill(processes[1].pid, signal.SIGSTOP)
-        start = time.monotonic()
-        out, err = processes[0].communicate(timeout=40)
-        seconds = time.monotonic() - start
+        _wait_for_checkpoint(workdir, processes, 20)
+        out, err, seconds = _signal(processes[1], signal.SIGSTOP, processes[0], timeout=40)
     finally:
         if processes[1].poll() is None:
             os.kill(processes[1].pid, signal.SIGCONT)
@@ -215,16 +219,9 @@ def test_a_peer_that_dies_while_the_other_waits_for_its_compile_ends_it_with_75_
     late = {"LATE_COMPILE_SECS": "60", "LATE_COMPILES": "jit_variant:1"}
     processes = _start(tiny_config(tmp_path, steps=40, late_compiles=True), workdir, env=late, devices=2)
     try:
-        deadline = time.monotonic() + 120
-        while jm.latest_checkpoint_step(workdir) is None:  # checkpoint 0 comes before the step compiles
-            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
-            assert time.monotonic() < deadline, f"no checkpoint 0 in {workdir}"
-            time.sleep(0.1)
+        _wait_for_checkpoint(workdir, processes, 0)  # checkpoint 0 comes before the step compiles
         time.sleep(3)
-        os.kill(processes[1].pid, signal.SIGKILL)
-        start = time.monotonic()
-        out, err = processes[0].communicate(timeout=40)
-        seconds = time.monotonic() - start
+        out, err, seconds = _signal(processes[1], signal.SIGKILL, processes[0], timeout=40)
     finally:
         _kill_all(processes)
     print(f"SIGKILL of process 1 during process 0's wait: process 0 ended {seconds:.2f} s later")
