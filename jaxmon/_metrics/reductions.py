@@ -32,6 +32,14 @@ def _spec(fetch: Any, owner: str) -> Any:
     return fetch if isinstance(fetch, str) else tuple(names)
 
 
+def _shown(fetch: Any) -> str:
+    """A fetch as a reduction's repr shows it: a callable by its name, the same in
+    every process (a checkpoint's windows are matched by these reprs), else `repr`."""
+    if callable(fetch):
+        return getattr(fetch, "__qualname__", None) or type(fetch).__qualname__
+    return repr(fetch)
+
+
 def _names(fetch: Any) -> set[str]:
     """The output names a fetch (as `_spec` keeps it) reads."""
     if isinstance(fetch, str):
@@ -126,7 +134,7 @@ class Reduction:
     restarts: bool = True
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.fetch!r})"
+        return f"{type(self).__name__}({_shown(self.fetch)})"
 
 
 class Mean(Reduction):
@@ -175,8 +183,8 @@ class Mean(Reduction):
         return jax.tree.map(lambda total: total / weight if weight else total * np.nan, acc["total"])
 
     def __repr__(self) -> str:
-        weight = "" if self.weight is None else f", weight={self.weight!r}"
-        return f"Mean({self.fetch!r}{weight})"
+        weight = "" if self.weight is None else f", weight={_shown(self.weight)}"
+        return f"Mean({_shown(self.fetch)}{weight})"
 
 
 class Sum(Reduction):
@@ -231,7 +239,7 @@ class Ratio(Reduction):
             return np.asarray(acc["numerator"], np.float64) / np.asarray(acc["denominator"], np.float64)
 
     def __repr__(self) -> str:
-        return f"Ratio({self.numerator!r}, {self.denominator!r})"
+        return f"Ratio({_shown(self.numerator)}, {_shown(self.denominator)})"
 
 
 class Last(Reduction):

@@ -311,3 +311,16 @@ def test_a_restored_timer_that_its_hook_never_started_counts_from_its_restored_s
     assert timer.update_last_triggered_step(15) == (0.0, 5)  # seconds count from the first trigger
     clock.t += 2.0
     assert timer.due(20) and timer.get_state() == {"last_step": 20, "waited": None}
+
+
+def _tokens(state, batch, outputs):
+    return outputs["tokens"]
+
+
+def test_a_reduction_over_a_callable_is_named_the_same_in_every_process():
+    # A checkpoint's windows are matched by these names: a function's address would differ after a restart.
+    reductions = [jm.Ratio("loss_sum", _tokens).then(np.exp), jm.Mean(_tokens, weight=_tokens), jm.Sum(_tokens),
+                  jm.FirstNonFinite(_tokens)]
+    assert [repr(r) for r in reductions] == [
+        "Ratio('loss_sum', _tokens).then(exp)", "Mean(_tokens, weight=_tokens)", "Sum(_tokens)",
+        "FirstNonFinite(_tokens)"]
