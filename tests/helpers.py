@@ -97,11 +97,21 @@ def forever():
         yield {}
 
 
-def window_means(values, steps, start=0):
+def window_means(values, steps, start=0, opening=True):
     """What reduce="mean" gives at each of `steps`: the mean of `values[t]` (step t's output)
-    over the steps after the previous one of `steps` (or after `start`) up to it."""
-    windows = zip([start, *steps[:-1]], steps, strict=True)
-    return [float(np.mean([values[t] for t in range(lo + 1, hi + 1)])) for lo, hi in windows]
+    over the steps of its window (see `windows`)."""
+    return [float(np.mean([values[t] for t in window])) for window in windows(steps, start, opening)]
+
+
+def windows(steps, start=0, opening=True):
+    """The steps each report at `steps` covers: those after the previous report (or after
+    `start`, where the session began) up to it; with `opening` (a period over 1 step), a
+    report after step 1 of a session from step 0 (the starting point) ends no window:
+    the next covers the steps from 1."""
+    lows = [start, *steps[:-1]]
+    if opening and start == 0 and len(steps) > 1 and steps[0] == 1:
+        lows[1] = 0
+    return [range(lo + 1, hi + 1) for lo, hi in zip(lows, steps, strict=True)]
 
 
 def events(log, event):

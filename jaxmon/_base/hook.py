@@ -33,12 +33,16 @@ class RunArgs(NamedTuple):
       read: read this hook's `accumulators` after this run (one asynchronous copy
         for every hook that reads at this run) and deliver them in
         `RunValues.accumulated`; each accumulator that `restarts` starts afresh.
+      restart: with `read`, False reads without starting the accumulators afresh:
+        the window goes on (the built-in reporters' record after step 1, so that the
+        one at step N covers steps 1..N).
     """
 
     fetches: Fetches = None
     feeds: Mapping[str, Any] | None = None
     late: bool = False
     read: bool = False
+    restart: bool = True
 
 
 @dataclasses.dataclass(eq=False, slots=True)

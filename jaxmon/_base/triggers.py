@@ -162,7 +162,8 @@ class Every(SecondOrStepTimer):
     """The schedule of the built-in hooks: every N steps acts after steps N, 2N, 3N, ...
     counted from step 0, so a resumed or a restarted run keeps it; every N seconds acts
     on the first run that ends N seconds after the last action (or the `start`), and
-    a checkpoint keeps how long it has waited. With `first`, also after step 1.
+    a checkpoint keeps how long it has waited. With `first`, also after step 1 (see
+    `opening`).
 
     `jm.SecondOrStepTimer` keeps TF's rules (the first query is due; every N steps
     counts from the last trigger) for code that uses it directly.
@@ -206,6 +207,14 @@ class Every(SecondOrStepTimer):
         if self.every_steps:
             return step // self.every_steps > before // self.every_steps
         return self._last_time is None or self._clock() >= self._last_time + self.every_secs
+
+    def opening(self, step: int) -> bool:
+        """Whether an action at `step` is the one after step 1 that `first` adds (with
+        several steps per run: after the first run), before any regular one: a reporter's
+        window goes on through it, so that the next covers the steps from 1."""
+        if not self.first or (self._last_step or 0) >= 1:
+            return False
+        return not self.every_steps or step < self.every_steps
 
     def next_trigger(self, step: int, exact: bool = True) -> Trigger | None:
         first = 1 if self.first and step < 1 else math.inf

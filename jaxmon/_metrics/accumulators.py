@@ -212,20 +212,21 @@ class Accumulators:
             carry = jax.lax.with_sharding_constraint(carry, self._sharding)
         return carry, new_state
 
-    def read(self, step: int, readers: Sequence[Any]) -> Read | None:
+    def read(self, step: int, readers: Sequence[Any], keeps: Sequence[Any] = ()) -> Read | None:
         """A read of the carry after the run that ended at `step` for `readers` (hooks
-        that asked; None when none did): their accumulators start again from `step`."""
+        that asked; None when none did): their accumulators start again from `step`,
+        but for those in `keeps`, whose windows go on."""
         if not readers or not self.active or self.carry is None:
             return None
-        return self._read(step, readers)
+        return self._read(step, readers, [hook for hook in readers if not any(hook is k for k in keeps)])
 
-    def _read(self, step: int, readers: Sequence[Any]) -> Read:
+    def _read(self, step: int, readers: Sequence[Any], restarting: Sequence[Any] = ()) -> Read:
         carry = self.carry
-        mask, program = self._restart_of(readers)
+        mask, program = self._restart_of(restarting)
         read = self._last_read = Read(self, step, carry, mask, dict(self._since))
         if self._copy_ahead:  # behind the run on the device: done by the time the next run reads it
             (carry if carry.is_fully_addressable else carry.addressable_data(0)).copy_to_host_async()
-        for hook in readers:
+        for hook in restarting:
             self._since[id(hook)] = step
         if program is not None:
             self.carry = program(carry)

@@ -188,7 +188,7 @@ class HookRunner:
     def _plan(self, ctx: RunContext) -> RunPlan:
         """The `before_run` of every hook awake for the run of `ctx`, as one plan: the one
         made before for the same requests, with this run's context and feeds."""
-        calls, only_read, asked, feeds = [], [], [], []  # asked: what each awake hook asked, the plan's key
+        calls, only_read, keeps, asked, feeds = [], [], [], [], []  # asked: what each awake hook asked, the plan's key
         for i, slot in enumerate(self._slots):
             if slot.schedule.next is not None and self._asleep(i, ctx):
                 continue
@@ -210,7 +210,9 @@ class HookRunner:
                     only_read.append(slot.hook)
             else:
                 calls.append(Call(slot.hook, args.late, fetches, args.read, slot.reports and args.late))
-            asked.append((i, args.late, None if fetches is None else fetches.key, args.read))
+            if args.read and not args.restart:
+                keeps.append(slot.hook)
+            asked.append((i, args.late, None if fetches is None else fetches.key, args.read, args.restart))
             if args.feeds:
                 feeds.append((slot.hook, args.feeds))
         if not asked:
@@ -220,7 +222,7 @@ class HookRunner:
         if plan is None:
             if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
-            plan = self._plans[key] = RunPlan.of(None, calls, only_read=only_read)
+            plan = self._plans[key] = RunPlan.of(None, calls, only_read=only_read, keeps=keeps)
         return plan._replace(ctx=ctx, feeds=tuple(feeds))
 
     def _asleep(self, i: int, ctx: RunContext) -> bool:

@@ -33,6 +33,7 @@ class RunPlan(NamedTuple):
       calls: the hooks whose `after_run` follows this run.
       feeds: `(hook, feeds)` of the hooks that feed the batch.
       readers: the hooks that read their accumulators after this run.
+      keeps: those of `readers` whose windows go on (`RunArgs(restart=False)`).
       now, late, away, fetching: the indices in `calls` of those called after this run,
         of those called one run later on the loop, and on the report thread, and of
         those that fetch.
@@ -43,6 +44,7 @@ class RunPlan(NamedTuple):
     calls: tuple[Call, ...] = ()
     feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = ()
     readers: tuple[Hook, ...] = ()
+    keeps: tuple[Hook, ...] = ()
     now: tuple[int, ...] = ()
     late: tuple[int, ...] = ()
     away: tuple[int, ...] = ()
@@ -51,13 +53,15 @@ class RunPlan(NamedTuple):
 
     @classmethod
     def of(cls, ctx: RunContext | None, calls: Sequence[Call],
-           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = (), only_read: Sequence[Hook] = ()) -> RunPlan:
+           feeds: tuple[tuple[Hook, Mapping[str, Any]], ...] = (), only_read: Sequence[Hook] = (),
+           keeps: Sequence[Hook] = ()) -> RunPlan:
         """The plan of `calls`, everything else derived from them; `only_read`: hooks that
-        read their accumulators but get no call (no `after_run`)."""
+        read their accumulators but get no call (no `after_run`); `keeps`: the readers
+        whose windows go on."""
         calls = tuple(calls)
         readers = (*(call.hook for call in calls if call.read), *only_read)
         fetching = tuple(i for i, call in enumerate(calls) if call.fetches is not None)
-        plan = cls(ctx, calls, feeds, readers,
+        plan = cls(ctx, calls, feeds, readers, tuple(keeps),
                    now=tuple(i for i, call in enumerate(calls) if not call.late),
                    late=tuple(i for i, call in enumerate(calls) if call.late and not call.away),
                    away=tuple(i for i, call in enumerate(calls) if call.away),

@@ -211,7 +211,7 @@ class MonitoredSession:
         if preemption.polling or preemption.requested:  # JAX's sync point sees every step (else it does nothing)
             for done in range(self._step - steps + 1, self._step + 1):
                 self._stopping.after_run(done)
-        read = plan.readers and self._accumulators.read(self._step, plan.readers)
+        read = plan.readers and self._accumulators.read(self._step, plan.readers, plan.keeps)
         caller = self._runner.after_run(plan, result, self._step, read)
         return result.outputs if caller is None else caller
 

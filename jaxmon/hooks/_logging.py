@@ -55,7 +55,9 @@ class LoggingHook(TimedHook):
     one run late (no device wait). With `reduce="mean"` (the
     default) a fetch given by name or callable is logged as its mean over the steps
     since the previous line, accumulated on the device (see `jm.Mean`); a reduction
-    (`jm.Ratio("loss_sum", "tokens")`, `.then(np.exp)`) covers the same steps. Values
+    (`jm.Ratio("loss_sum", "tokens")`, `.then(np.exp)`) covers the same steps. The
+    line at step N covers steps 1..N (the starting point's does not end a window), so
+    `every_n_iter=epoch_size` logs TF's per-epoch means. Values
     print with 5 significant digits.
 
     Args:
@@ -131,9 +133,10 @@ class LoggingHook(TimedHook):
     def before_run(self, ctx: RunContext) -> RunArgs | None:
         if not self.timer.should_trigger_for_step(ctx.next_step):
             return None
+        restart = not self.timer.opening(ctx.next_step)  # the line after step 1: the next one's mean covers it
         elapsed = self.timer.update_last_triggered_step(ctx.next_step)[0]
         self._elapsed[ctx.step], self._timed = elapsed if self._timed else None, True  # the first line: no timing
-        return RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators))
+        return RunArgs(fetches=dict(self._read), late=True, read=bool(self.accumulators), restart=restart)
 
     @report_thread.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

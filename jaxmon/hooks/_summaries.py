@@ -56,7 +56,8 @@ class SummarySaverHook(TimedHook):
     `save_steps=N` (1, 8, 16, ... for 8), or every `save_secs` seconds. Values are read
     one run late, so writing never makes the device wait. With `reduce="mean"` (the
     default) each scalar is written as its mean over the steps since this hook's last
-    write (steps 9 to 16 at step 16), accumulated on the device (see `jm.Mean`);
+    write (steps 9 to 16 at step 16; steps 1 to 8 at step 8: the starting point's
+    write does not end a window), accumulated on the device (see `jm.Mean`);
     `reduce="last"` writes its value at the write step, as TF. A reduction given as a
     summary (`jm.Ratio("loss_sum", "tokens")`, `jm.Mean(..., weight=)`, `.then(fn)`)
     covers the same steps. A checkpoint keeps the open window: a resumed run writes
@@ -128,9 +129,10 @@ class SummarySaverHook(TimedHook):
             self._hparams_written = True
 
     def before_run(self, ctx: RunContext) -> RunArgs | None:
+        restart = not self.timer.opening(ctx.next_step)  # the record after step 1: the next one's mean covers it
         if not self.timer.due(ctx.next_step):
             return None
-        return RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators))
+        return RunArgs(fetches=dict(self._fetches or {}), late=True, read=bool(self.accumulators), restart=restart)
 
     @report_thread.reports  # on the report thread: the loop only queues it
     def after_run(self, ctx: RunContext, values: RunValues) -> None:

@@ -5,6 +5,7 @@ import pytest
 from helpers import FakeClock
 
 import jaxmon as jm
+from jaxmon._base.triggers import Every
 
 
 def test_exactly_one_of_secs_and_steps():
@@ -70,3 +71,28 @@ def test_the_never_trigger_timer_never_fires():
     timer = jm.NeverTriggerTimer()
     assert not any(timer.should_trigger_for_step(s) for s in range(5))
     assert timer.update_last_triggered_step(3) == (None, None) and timer.last_triggered_step() is None
+
+
+@pytest.mark.parametrize(("every", "first_run_steps", "opening"), [
+    ({"every_steps": 10}, 1, True),  # the record after step 1 leaves the window open: the next covers 1..10
+    ({"every_steps": 10}, 4, True),  # several steps per run: the first run's record
+    ({"every_steps": 4}, 4, False),  # the first run reaches a regular trigger: a window ends there
+    ({"every_steps": 1}, 1, False),
+    ({"every_secs": 30.0}, 1, True),
+])
+def test_the_first_record_of_a_session_from_step_0_is_an_opening_unless_it_is_a_regular_one(
+        every, first_run_steps, opening):
+    timer = Every(**every, first=True, clock=FakeClock())
+    timer.start(0)
+    assert timer.should_trigger_for_step(first_run_steps)
+    assert timer.opening(first_run_steps) is opening
+    timer.update_last_triggered_step(first_run_steps)
+    assert not timer.opening(first_run_steps + 10)  # only the first
+
+
+def test_a_resumed_session_and_a_timer_without_first_have_no_opening():
+    resumed = Every(every_steps=10, first=True)
+    resumed.start(25)
+    plain = Every(every_steps=10)
+    plain.start(0)
+    assert not resumed.opening(26) and not plain.opening(1)

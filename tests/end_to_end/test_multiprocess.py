@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cpu_env, free_port, with_helpers_path
+from helpers import cpu_env, free_port, window_means, with_helpers_path
 
 import jaxmon as jm
 
@@ -405,10 +405,10 @@ def test_training_chief_summaries_checkpoints_and_chief_only_stop(main_run):
     loss_rows = {row["step"]: row["loss"] for row in rows if "loss" in row}
     assert sorted(loss_rows) == [1, 5, 10, 15, 20, 25, 30], rows  # save_summaries_steps=5: step 1, then every 5
     # The default SummarySaverHook writes each output's mean since its previous write:
-    # the (global) losses of step 1, then steps 2-5, 6-10, ... as both processes saw them.
-    bounds = [0, *sorted(loss_rows)]
-    means = {hi: np.mean([p0["losses"][str(t)] for t in range(lo + 1, hi + 1)])
-             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)}
+    # the (global) losses of step 1, then steps 1-5 (the write after step 1 ends no window),
+    # 6-10, ... as both processes saw them.
+    means = dict(zip(sorted(loss_rows), window_means({int(t): v for t, v in p0["losses"].items()},
+                                                     sorted(loss_rows)), strict=True))
     assert means[1] == p0["losses"]["1"]  # step 1 alone
     assert loss_rows == {step: pytest.approx(means[step], rel=1e-6) for step in loss_rows}, (loss_rows, p0["losses"])
     # Checkpoints: every 5 steps, and the last at the stop step; it restores here.

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import ROOT, cpu_env, with_helpers_path
+from helpers import ROOT, cpu_env, window_means, with_helpers_path
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -440,7 +440,8 @@ def test_data_parallel_step_compiles_once_with_hooks_fetching_the_loss_by_name(s
     # LossEvery (exact step), LoggingHook (late, at step 1 and every 5 steps) and the caller
     # fetched the loss by name. LossEvery's and the caller's values are the 1-device run's
     # loss of that step; the LoggingHook's (reduce="mean", the default, accumulated on the
-    # mesh) the mean of the 1-device losses since its previous line: step 1, then 2-5, 6-10, ...
+    # mesh) the mean of the 1-device losses since its previous line: step 1, then 1-5 (the
+    # line after step 1 ends no window), 6-10, ...
     hook = {int(k): v for k, v in dp["hook_losses"].items()}
     assert sorted(hook) == list(range(5, TOTAL + 1, 5))
     caller = {int(k): v for k, v in dp["caller_losses"].items()}
@@ -448,9 +449,8 @@ def test_data_parallel_step_compiles_once_with_hooks_fetching_the_loss_by_name(s
     for step, loss in {**hook, **caller}.items():
         np.testing.assert_allclose(loss, single["losses"][step], rtol=RTOL, atol=ATOL, err_msg=f"step {step}")
     logged_steps = [1, *range(5, TOTAL + 1, 5)]
-    bounds = [0, *logged_steps]
-    for lo, step, loss in zip(bounds[:-1], logged_steps, dp["logged_losses"], strict=True):
-        mean = np.mean([single["losses"][t] for t in range(lo + 1, step + 1)])
+    means = window_means(single["losses"], logged_steps)
+    for step, loss, mean in zip(logged_steps, dp["logged_losses"], means, strict=True):
         np.testing.assert_allclose(loss, mean, rtol=RTOL, atol=ATOL, err_msg=f"logged at step {step}")
     assert dp["loss_sharding"]["shard_shape"] == [] and dp["loss_sharding"]["devices"] == 8
 

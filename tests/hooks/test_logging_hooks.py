@@ -138,13 +138,13 @@ def test_lines_carry_the_step_after_the_logged_run_and_a_formatter_may_take_it(l
         return f"at {step}"
 
     hooks = [jm.LoggingHook(["value"], every_n_iter=10, formatter=with_step),
-             jm.LoggingHook(["value"], every_n_iter=10, formatter=lambda values: f"{values['value']:.0f}")]  # TF's
+             jm.LoggingHook(["value"], every_n_iter=10, formatter=lambda values: f"{values['value']:.1f}")]  # TF's
     sess = jm.MonitoredSession(count_step, zero, hooks=hooks)
     run_n(sess, 15)
     sess.close()
     assert seen == [1, 10]
-    # the second formatter gets the means: step 1, then (2 + ... + 10) / 9 = 6
-    assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1", "at 10", "6"]
+    # the second formatter gets the means: step 1, then (1 + ... + 10) / 10 = 5.5 (step 1's line ends no window)
+    assert [r.getMessage() for r in logs.records if r.name == "jaxmon"] == ["at 1", "1.0", "at 10", "5.5"]
 
 
 @pytest.mark.parametrize("at_end", [False, True])
@@ -153,8 +153,8 @@ def test_every_n_iter_logs_the_mean_of_the_steps_since_the_previous_line(logs, a
     hook = jm.LoggingHook(["value"], every_n_iter=10, at_end=at_end, clock=clock)  # reduce="mean", the default
     values = {s: s for s in range(1, 36)}  # the "value" output of steps 1..35: the counter after step t is t
     logged_steps = [1, 10, 20, 30]
-    means = window_means(values, logged_steps)  # [1], [2..10], [11..20], [21..30]
-    assert means == [1.0, 6.0, 15.5, 25.5]  # e.g. (2 + 10) / 2 = 6
+    means = window_means(values, logged_steps)  # [1], [1..10], [11..20], [21..30]: step 1's line ends no window
+    assert means == [1.0, 5.5, 15.5, 25.5]  # e.g. (1 + 10) / 2 = 5.5
     for _ in range(2):  # the second session (from step 0 again) starts the means afresh
         logs.clear()
         sess = jm.MonitoredSession(count_step, zero, hooks=[hook])
@@ -164,7 +164,8 @@ def test_every_n_iter_logs_the_mean_of_the_steps_since_the_previous_line(logs, a
         lines = info_lines(logs, steps)
         assert steps[:4] == logged_steps
         # 5 significant digits; an int output is averaged as float32 (15.5, not 15)
-        assert [line.split(" (")[0] for line in lines[:4]] == ["value = 1", "value = 6", "value = 15.5", "value = 25.5"]
+        assert [line.split(" (")[0] for line in lines[:4]] == ["value = 1", "value = 5.5", "value = 15.5",
+                                                               "value = 25.5"]
         assert "sec)" not in lines[0] and all(line.endswith("(0.000 sec)") for line in lines[1:4])  # none on the first
         if at_end:
             assert lines[4:] == ["value = 35"]  # at_end: the fetch on the final state, not a mean
@@ -266,8 +267,10 @@ def test_a_callable_fetch_is_logged(logs, reduce):
     sess.close()
     lines = info_lines(logs)
     assert lines[0] == "double = 2, value = 1"  # step 1
-    if reduce == "mean":  # the callable as the named output: the mean over steps 2-4, 2 * 3 and 3
-        assert lines[1] == "double = 6, value = 3 (3.000 sec)"
+    if reduce == "mean":  # the callable as the named output: the mean over steps 1-4 (step 1's line ends
+        # no window), 2 * 2.5 and (1 + 2 + 3 + 4) / 4 = 2.5
+        assert window_means({s: s for s in range(1, 6)}, [1, 4]) == [1.0, 2.5]
+        assert lines[1] == "double = 5, value = 2.5 (3.000 sec)"
     else:  # the values of step 4
         assert lines[1] == "double = 8, value = 4 (3.000 sec)"
     assert lines[2] == "double = 10, value = 5"  # at_end: both fetched on the final state
@@ -284,8 +287,8 @@ def test_values_are_delivered_one_run_late(logs):
     sess.run()  # step 3 triggers
     assert info_lines(logs) == ["value = 1"]
     sess.sync()
-    # the mean of steps 2 and 3: (2 + 3) / 2 = 2.5
-    assert info_lines(logs) == ["value = 1", "value = 2.5 (0.000 sec)"]
+    # the mean of steps 1 to 3 (step 1's line ends no window): (1 + 2 + 3) / 3 = 2
+    assert info_lines(logs) == ["value = 1", "value = 2 (0.000 sec)"]
     sess.sync()  # nothing pending: no duplicate
     sess.close()
     assert len(info_lines(logs)) == 2

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, zero
+from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, windows, zero
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -64,13 +64,6 @@ def event_files(logdir):
     return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
 
 
-def windows(steps, start=0):
-    """The steps whose outputs each write at `steps` averages with reduce="mean": those
-    after the previous write (or after `start`, the session's first step) up to it."""
-    bounds = [start, *steps]
-    return [np.arange(lo + 1, hi + 1) for lo, hi in zip(bounds[:-1], steps, strict=True)]
-
-
 def expected_outputs(steps, reduce):
     """`step`'s "loss" and "acc" as written at `steps`: the state after step t is t, so
     loss = 2 t and acc = t / 10 (in float32); reduce="last" takes the write step's."""
@@ -120,7 +113,7 @@ def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_8_
     assert sess.step == 30
     acc = events(tmp_path)
     steps = [1, 8, 16, 24]  # step 1, then every 8 steps counted from step 0
-    loss, acc_values = expected_outputs(steps, reduce)  # mean: over steps 1, 2-8, 9-16, 17-24
+    loss, acc_values = expected_outputs(steps, reduce)  # mean: over steps 1, 1-8, 9-16, 17-24
     # the extra summary (a callable, state**2 + 1 with state = t after step t) is
     # reduced as the scalar outputs are: the write step's value, or its window mean
     picked = windows(steps) if reduce == "mean" else [np.array([s]) for s in steps]
@@ -129,8 +122,8 @@ def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_8_
         assert loss == [2.0 * s for s in steps]
         assert sq == [2.0, 65.0, 257.0, 577.0]
     else:
-        assert loss == [2.0, 10.0, 25.0, 41.0]  # 2 * (2 + 8) / 2 = 10, 2 * (9 + 16) / 2 = 25, ...
-        assert sq == [2.0, 30.0, 162.5, 426.5]  # 1 + (4 + 9 + ... + 64) / 7 = 1 + 29, 1 + 1292 / 8, ...
+        assert loss == [2.0, 9.0, 25.0, 41.0]  # 2 * (1 + 8) / 2 = 9, 2 * (9 + 16) / 2 = 25, ...
+        assert sq == [2.0, 26.5, 162.5, 426.5]  # 1 + (1 + 4 + ... + 64) / 8 = 1 + 204 / 8, 1 + 1292 / 8, ...
     assert set(acc.Tags()["scalars"]) == {"loss", "acc", "sq"}  # "vec" is not a scalar: not written
     assert [s for s, _ in scalars(acc, "loss")] == steps
     assert [v for _, v in scalars(acc, "loss")] == pytest.approx(loss, rel=1e-6)
@@ -154,11 +147,12 @@ def counter_loss_step(state, batch):
 def test_event_file_loss_is_the_window_mean_and_last_with_reduce_last(tmp_path, steps_per_dispatch):
     steps = [1, 8, 16, 24]  # with 8 steps per run too: the runs are cut to end at them
     expected = {
-        # the mean of the step numbers since the previous write: 1, (2 + 8) / 2, (9 + 16) / 2, (17 + 24) / 2
+        # the mean of the step numbers since the previous write, but the one at 8 covers steps from 1
+        # (step 1's write ends no window): 1, (1 + 8) / 2, (9 + 16) / 2, (17 + 24) / 2
         "mean": [float(np.mean(ts)) for ts in windows(steps)],
         "last": [float(s) for s in steps],  # the write step's own value (TF)
     }
-    assert expected["mean"] == [1.0, 5.0, 12.5, 20.5]
+    assert expected["mean"] == [1.0, 4.5, 12.5, 20.5]
     for reduce, values in expected.items():
         logdir = tmp_path / reduce
         kwargs = {} if reduce == "mean" else {"reduce": "last"}  # "mean" is the default
@@ -199,8 +193,8 @@ def test_an_extra_summary_with_reduce_mean_is_computed_every_step_and_written_as
     sess = run_session([hook], 30)
     jax.effects_barrier()
     assert EVALUATIONS == [float(t) for t in range(1, 31)]  # accumulated on the device on every step
-    # 3 * mean of the steps 1, 2-8, 9-16, 17-24: 3 * 1, 3 * 5, 3 * 12.5, 3 * 20.5
-    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (8, 15.0), (16, 37.5), (24, 61.5)]
+    # 3 * mean of the steps 1, 1-8, 9-16, 17-24: 3 * 1, 3 * 4.5, 3 * 12.5, 3 * 20.5
+    assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (8, 13.5), (16, 37.5), (24, 61.5)]
     assert sess.compile_count == 1  # the summary is in every step: one variant
 
 
@@ -212,10 +206,12 @@ def test_a_pytree_of_scalars_is_tagged_by_path(tmp_path):
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"m": metrics, "l": "loss"})
     run_session([hook], 4)
     acc = events(tmp_path)
-    # written after steps 1, 2, 4, each leaf the mean over its window: 1, 2, 3-4
-    assert scalars(acc, "m/double") == [(1, 2.0), (2, 4.0), (4, 7.0)]
-    assert scalars(acc, "m/half/x") == [(1, 0.5), (2, 1.0), (4, 1.75)]
-    assert scalars(acc, "l") == [(1, 2.0), (2, 4.0), (4, 7.0)]
+    # written after steps 1, 2, 4, each leaf the mean over its window: 1, 1-2, 3-4
+    # (double = loss = 2 t: 2, 2 * 1.5, 2 * 3.5; half/x = t / 2: 0.5, 1.5 / 2, 3.5 / 2)
+    assert [list(ts) for ts in windows([1, 2, 4])] == [[1], [1, 2], [3, 4]]
+    assert scalars(acc, "m/double") == [(1, 2.0), (2, 3.0), (4, 7.0)]
+    assert scalars(acc, "m/half/x") == [(1, 0.5), (2, 0.75), (4, 1.75)]
+    assert scalars(acc, "l") == [(1, 2.0), (2, 3.0), (4, 7.0)]
 
 
 def test_a_hook_used_again_in_a_new_session_keeps_the_absolute_schedule(tmp_path):  # 2.7: begin resets the timer
@@ -241,8 +237,9 @@ def test_save_secs_nine_with_3_1_seconds_per_run_writes_steps_1_4_7(tmp_path, re
     hook = jm.SummarySaverHook(save_secs=9, output_dir=tmp_path, clock=clock, reduce=reduce)
     run_session([hook], 8, clock=clock, dt=3.1)
     loss, _ = expected_outputs([1, 4, 7], reduce)
-    # last (TF): 2 * step; mean: 2, 2 * (2 + 3 + 4) / 3 = 6, 2 * (5 + 6 + 7) / 3 = 12
-    assert loss == ([2.0, 8.0, 14.0] if reduce == "last" else [2.0, 6.0, 12.0])
+    # last (TF): 2 * step; mean: 2, then (step 1's write ends no window) 2 * (1 + 2 + 3 + 4) / 4 = 5,
+    # 2 * (5 + 6 + 7) / 3 = 12
+    assert loss == ([2.0, 8.0, 14.0] if reduce == "last" else [2.0, 5.0, 12.0])
     assert scalars(events(tmp_path), "loss") == list(zip([1, 4, 7], loss, strict=True))
     assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 4, 7]
 
@@ -400,8 +397,8 @@ def test_pending_summaries_are_written_when_the_step_raises(tmp_path):
                 sess.run(np.zeros(2, np.float32) if i == 9 else np.float32(0))
     assert sess.step == 8  # step 8's summaries, due to be read during run 9, are still written
     assert [line["step"] for line in jsonl(tmp_path / "metrics.jsonl")] == [1, 8]
-    loss, _ = expected_outputs([1, 8], "mean")  # 2, then 2 * (2 + 8) / 2 = 10 over steps 2-8
-    assert loss == [2.0, 10.0]
+    loss, _ = expected_outputs([1, 8], "mean")  # 2, then 2 * (1 + 8) / 2 = 9 over steps 1-8
+    assert loss == [2.0, 9.0]
     assert scalars(events(tmp_path), "loss") == [(1, loss[0]), (8, loss[1])]
 
 
@@ -465,8 +462,8 @@ def test_a_given_writer_gets_the_scalars_and_is_flushed_but_never_closed():
     hook = jm.SummarySaverHook(save_steps=2, summary_writer=writer, hparams={"lr": 0.5})
     run_session([hook], 5)
     writes = [call for call in writer.calls if call[0] not in ("flush", "close")]
-    loss, acc = expected_outputs([1, 2, 4], "mean")  # over steps 1, 2, 3-4
-    assert loss == [2.0, 4.0, 7.0]  # 2 * 1, 2 * 2, 2 * (3 + 4) / 2
+    loss, acc = expected_outputs([1, 2, 4], "mean")  # over steps 1, 1-2, 3-4
+    assert loss == [2.0, 3.0, 7.0]  # 2 * 1, 2 * (1 + 2) / 2, 2 * (3 + 4) / 2
     assert writes == [
         ("hparams", None, {"lr": 0.5}),
         ("scalars", 1, {"loss": loss[0], "acc": pytest.approx(acc[0], rel=1e-6)}),

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import forever, slow_matmuls, step_times
+from helpers import forever, slow_matmuls, step_times, window_means
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps as saved_steps
@@ -195,6 +195,26 @@ def test_a_hook_reads_its_own_reduction_over_each_window(k):
     assert compiled == 1 and sess._accumulators.compile_count == 1
 
 
+class MaxKeeping(MaxEvery):
+    """Reads every 2 steps; the reads at steps 2, 6, 10, ... leave its windows open."""
+
+    def before_run(self, ctx):
+        if ctx.next_step % 2 == 0:
+            return jm.RunArgs(read=True, restart=ctx.next_step % 4 == 0)
+        return None
+
+
+def test_a_read_with_restart_false_leaves_the_hooks_windows_open_and_not_the_others():
+    keeping, every_2 = MaxKeeping(every=2), MaxEvery(every=2)
+    sess = jm.MonitoredSession(counting_step, fresh, hooks=[keeping, every_2])
+    for _ in range(8):
+        sess.run({})
+    sess.close()
+    # The loss of step t is t: windows 1..2, 1..4 (the read at 2 kept it open), 5..6, 5..8.
+    assert keeping.seen == [(2, 2.0, 1.5), (4, 4.0, 2.5), (6, 6.0, 5.5), (8, 8.0, 6.5)]
+    assert every_2.seen == [(2, 2.0, 1.5), (4, 4.0, 3.5), (6, 6.0, 5.5), (8, 8.0, 7.5)]  # read together, restarted
+
+
 def test_a_mean_after_a_restore_counts_from_the_restored_step(tmp_path):
     def run_to(last_step, writer):
         hooks = [jm.CheckpointSaverHook(tmp_path, save_steps=8),
@@ -239,9 +259,15 @@ def test_windows_survive_a_resume_with_other_runs(tmp_path, cls, resume_k):
 
     made = run_to(8, "resumed", 1), run_to(16, "resumed", resume_k)  # restores step 8, read and saved there
     run_to(16, "whole", 1)
-    # Windows 1, 2-4, 5-8 (the first run), then 9-12 and 13-16 whatever the runs after the resume.
-    assert means("resumed") == means("whole") == [(1, 1.0), (4, 3.0), (8, 6.5), (12, 10.5), (16, 14.5)]
-    # The windows restart at the hook's reads, with one program for its set of readers, in both sessions.
+    # The loss at step t is t. Windows 1 (the starting point, which ends no window), 1-4,
+    # 5-8 (the first run), then 9-12 and 13-16 whatever the runs after the resume: the
+    # means 1, (1 + 4) / 2 = 2.5, (5 + 8) / 2 = 6.5, (9 + 12) / 2 = 10.5, (13 + 16) / 2 = 14.5.
+    steps = [1, 4, 8, 12, 16]
+    expected = [(1, 1.0), (4, 2.5), (8, 6.5), (12, 10.5), (16, 14.5)]
+    assert expected == list(zip(steps, window_means(range(17), steps), strict=True))
+    assert means("resumed") == means("whole") == expected
+    # The windows restart at the hook's reads (all but the starting point's), with one program for its
+    # set of readers, in both sessions.
     assert made == (1, 1)
 
 
@@ -263,7 +289,9 @@ def test_a_resumed_run_whose_period_changed_keeps_each_window_whole(tmp_path, ev
         with open(tmp_path / f"{name}.jsonl") as lines:
             return [(row["step"], row["loss"]) for row in map(json.loads, lines) if "loss" in row]
 
-    assert run_to(10, 4, "first") == [(1, 1.0), (4, 3.0), (8, 6.5)]
+    # The loss at step t is t: windows 1 (the starting point, which ends no window), 1-4
+    # and 5-8, so the means 1, (1 + 4) / 2 = 2.5 and (5 + 8) / 2 = 6.5.
+    assert run_to(10, 4, "first") == [(1, 1.0), (4, 2.5), (8, 6.5)]
     assert run_to(15, every, "resumed") == expected  # the first window from step 9
     class Bad(jm.Hook):
         accumulators = {"x": "loss"}

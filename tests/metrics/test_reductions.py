@@ -11,7 +11,7 @@ import logging
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, forever
+from helpers import FakeClock, forever, windows
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -64,21 +64,19 @@ def train(hooks, *, k=1, last_step=STEPS, checkpoint_dir=None):
     return sess
 
 
-def windows(steps):
-    """The steps each write at `steps` covers: those after the previous write."""
-    bounds = [0, *steps]
-    return [range(lo + 1, hi + 1) for lo, hi in zip(bounds[:-1], steps, strict=True)]
-
-
 WRITES = [1, 8, 16, 24]
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_summaries_every_8_steps_write_steps_1_8_16_24_with_the_window_means(tmp_path, k):
     train([jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)], k=k)
-    assert scalars(tmp_path, "loss") == [(1, 1.0), (8, 5.0), (16, 12.5), (24, 20.5)]
+    # The loss at step t is t; windows 1 (the starting point, which ends no window), 1-8,
+    # 9-16 and 17-24: the means 1, (1 + 8) / 2 = 4.5, (9 + 16) / 2 = 12.5, (17 + 24) / 2 = 20.5.
+    means = [1.0, 4.5, 12.5, 20.5]
+    assert means == [float(np.mean([loss(t) for t in w])) for w in windows(WRITES)]
+    assert scalars(tmp_path, "loss") == list(zip(WRITES, means, strict=True))
     assert [line["step"] for line in lines(tmp_path)] == WRITES
-    assert [line["loss"] for line in lines(tmp_path)] == [1.0, 5.0, 12.5, 20.5]
+    assert [line["loss"] for line in lines(tmp_path)] == means
 
 
 @pytest.mark.parametrize("k", [1, 4])

@@ -156,9 +156,11 @@ def test_a_nested_output_is_summarised_by_path_as_histograms_and_in_metrics_json
     assert (dense2[-1].histogram_value.min, dense2[-1].histogram_value.max) == (0.0, 8.0)  # arange(3) * 4
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     written = {record["step"]: record for record in records}
-    # Every scalar output, a nested one by its path: at step 4 its value (last) or mean over steps 3 and 4.
+    # Every scalar output, a nested one by its path (the value t at step t): at step 2 its
+    # value (last) or mean over steps 1 and 2 (the starting point's write at step 1 ends no
+    # window), at step 4 its value or mean over steps 3 and 4.
     assert written[1]["grads/dense1/b"] == 1.0
-    assert written[2]["grads/dense1/b"] == 2.0  # a window of step 2 alone
+    assert written[2]["grads/dense1/b"] == (2.0 if reduce == "last" else 1.5)  # (1 + 2) / 2
     assert written[4]["grads/dense1/b"] == (4.0 if reduce == "last" else 3.5)
     assert written[4]["loss"] == pytest.approx(1 / 4 if reduce == "last" else (1 / 3 + 1 / 4) / 2)
     assert [event.step for event in events.Scalars("grads/dense1/b")] == [1, 2, 4]

@@ -193,9 +193,10 @@ def test_summaries_every_8_steps_write_the_mean_of_every_scanned_step_as_with_on
         written[k] = event_steps(logdir, "loss")
         assert jsonl_steps(logdir / "metrics.jsonl", "loss") == written[k]
     assert lengths.lengths == [1, 4, 2, 1, 8, 8, 4, 2]  # k=32: steps 2-8 in 4 + 2 + 1, 9-16 and 17-24 in 8
-    # the loss of step t is t: 1, (2 + 8) / 2, (9 + 16) / 2, (17 + 24) / 2
+    # the loss of step t is t: 1, then (1 + 8) / 2 (the write at step 1, the starting point, ends no
+    # window), (9 + 16) / 2, (17 + 24) / 2
     means = window_means({t: float(t) for t in range(1, 31)}, [1, 8, 16, 24])
-    assert means == [1.0, 5.0, 12.5, 20.5]
+    assert means == [1.0, 4.5, 12.5, 20.5]
     assert written[1] == list(zip([1, 8, 16, 24], means, strict=True))
     assert written[32] == written[1]  # every scanned step is accumulated, not only the run's last
 
@@ -505,7 +506,9 @@ def test_settings_tf_wrote_late_write_summaries_where_one_step_per_run_does(ever
     assert written[k].scalars == written[1].scalars  # the same steps with the same values
     if reduce == "last":  # TF: the loss of the write step, which reads the step number
         assert all(scalars["loss"] == step for step, scalars in written[k].scalars)
-    else:  # the mean of the step numbers since the previous write, e.g. (2 + 10) / 2 = 6 at 10 for every=10
+    else:  # the mean of the step numbers since the previous write, but the first regular write's from step 1
+        # (the write at step 1, the starting point, ends no window): for every=10, 1, (1 + 10) / 2 = 5.5 at 10,
+        # (11 + 20) / 2 = 15.5 at 20; for every=5, 1, (1 + 5) / 2 = 3 at 5, (6 + 10) / 2 = 8 at 10
         means = window_means({t: float(t) for t in range(1, 51)}, expected)
-        assert means[:3] == ([1.0, 6.0, 15.5] if every == 10 else [1.0, 3.5, 8.0])
+        assert means[:3] == ([1.0, 5.5, 15.5] if every == 10 else [1.0, 3.0, 8.0])
         assert [scalars["loss"] for _, scalars in written[k].scalars] == means

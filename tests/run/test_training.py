@@ -21,7 +21,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RecordingHook, events
+from helpers import RecordingHook, events, window_means
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -211,11 +211,15 @@ def test_summaries_hold_the_output_tags_and_global_step_per_sec(tmp_path, period
         assert [step for step, _ in loss] == [1, 100]  # step 1, then every 100 steps counted from step 0
     else:  # step 1 always writes; later steps every 0.1 s
         assert loss[0][0] == 1 and all(1 <= step <= 101 for step, _ in loss)
-    # the default SummarySaverHook writes each output's mean since its previous write (from step 0)
-    bounds = [0, *(step for step, _ in loss)]
-    means = [np.mean([loss_at(t) for t in range(lo + 1, hi + 1)]) for lo, hi in zip(bounds[:-1], bounds[1:],
-                                                                                         strict=True)]
+    # the default SummarySaverHook writes each output's mean since its previous write, but the write at
+    # step 1 (the starting point) ends no window: the next covers the steps from 1, e.g. at step 100 the mean
+    # of loss_at(1..100), (200 - 2 * (1 - 2**-100)) / 100 = 1.98 (as float32); for seconds, e.g. at step 2
+    # (1 + 1.5) / 2 = 1.25
+    steps = [step for step, _ in loss]
+    means = window_means({t: loss_at(t) for t in range(1, 102)}, steps)
     assert means[0] == loss_at(1) == 1.0  # step 1 alone
+    if "save_summaries_steps" in period:
+        assert means == pytest.approx([1.0, 1.98], rel=1e-12)  # the second over steps 1-100, not 2-100
     assert [value for _, value in loss] == pytest.approx(means, rel=1e-6)
     assert [(e.step, e.value) for e in acc.Scalars("n")][0] == (1, 1.0)
     # The clock starts after step 1 (which compiles): rates at 10, 20, ..., 100, the first over steps 2-10.
