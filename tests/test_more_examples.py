@@ -151,3 +151,98 @@ def test_data_parallel_example_on_eight_simulated_devices(tmp_path):
                             env=cpu_env(devices=8))
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"process 0/1, 8 devices: step 60, test accuracy 0\.[89]", result.stdout), result.stdout
+
+
+def _ptb_example():
+    """examples/ptb_lstm.py as a module (its model, data and port)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ptb_lstm", ROOT / "examples" / "ptb_lstm.py")
+    module = sys.modules["ptb_lstm"] = importlib.util.module_from_spec(spec)  # flax resolves its names there
+    spec.loader.exec_module(module)
+    return module
+
+
+PTB_ARGS = ("--vocab", "200", "--hidden", "16", "--batch-size", "4", "--num-steps", "5", "--words", "300",
+            "--max-epoch", "1", "--max-max-epoch", "2")
+
+
+def _tf_run_epochs(ptb, epochs):
+    """TF's `ptb_word_lm.main` as a plain loop: each epoch assigns its learning rate and
+    starts the LSTM from zeros, every batch's final state feeds the next; returns every
+    step's cost, and after each epoch the validation cost over the split (its state
+    carried across the batches) and the test cost (batch 1, one word per run)."""
+    import optax
+
+    train, valid, test = (split[:300] for split in ptb.word_ids(200))
+    model = ptb.PTBModel(200, 16)
+    epoch, valid_batches, test_batches = ptb.batches(train, 4, 5), ptb.batches(valid, 4, 5), ptb.batches(test, 1, 1)
+    params = model.init(jax.random.key(0), ptb.zero_state(model, 4), epoch[0]["x"])["params"]
+    opt_state = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0)).init(params)
+    grad = jax.jit(jax.value_and_grad(ptb.lm_cost, has_aux=True), static_argnums=1)
+    cost_of = jax.jit(ptb.lm_cost, static_argnums=1)
+
+    def split_cost(batches, batch_size):
+        carry, costs = ptb.zero_state(model, batch_size), []
+        for batch in batches:
+            cost, carry = cost_of(params, model.apply, carry, batch)
+            costs.append(float(cost))
+        return costs
+
+    costs, evaluations = [], []
+    for i in range(epochs):
+        tx = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0 * 0.5 ** max(i + 1 - 1, 0)))  # assign_lr
+        carry = ptb.zero_state(model, 4)  # run_epoch: state = session.run(model.initial_state)
+        for batch in epoch:
+            (cost, carry), grads = grad(params, model.apply, carry, batch)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            costs.append(float(cost))
+        evaluations.append((split_cost(valid_batches, 4), split_cost(test_batches, 1)))
+    return costs, evaluations, len(epoch)
+
+
+def _records(workdir):
+    with open(workdir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_the_ptb_port_reports_tfs_per_epoch_perplexities_and_resumes_mid_epoch_as_one_run(tmp_path):
+    ptb = _ptb_example()
+    source = (ROOT / "examples" / "ptb_lstm.py").read_text()
+    port = source.split("# -- the port")[1].split("# -- end of the port")[0].splitlines()[1:]
+    assert len([line for line in port if line.strip() and not line.strip().startswith("#")]) < 40
+
+    result = run_example("ptb_lstm.py", *PTB_ARGS, "--workdir", str(tmp_path / "whole"))
+    costs, evaluations, epoch_size = _tf_run_epochs(ptb, 2)
+    assert epoch_size == 14  # 300 words in 4 rows of 75: (75 - 1) // 5 batches
+    records = _records(tmp_path / "whole")
+    train = {r["step"]: r["train/perplexity"] for r in records if "train/perplexity" in r}
+    # Epoch 1 is steps 1..14 (the record after step 1, the starting point, ends no window), epoch 2 steps 15..28;
+    # every step's iters is num_steps = 5.
+    assert sorted(train) == [1, 14, 28]
+    assert train[1] == pytest.approx(np.exp(costs[0] / 5), rel=1e-5)
+    assert train[14] == pytest.approx(np.exp(sum(costs[:14]) / (14 * 5)), rel=1e-4)
+    assert train[28] == pytest.approx(np.exp(sum(costs[14:]) / (14 * 5)), rel=1e-4)
+    valid = {r["step"]: r["valid/perplexity"] for r in records if "valid/perplexity" in r}
+    test = {r["step"]: r["test/perplexity"] for r in records if "test/perplexity" in r}
+    for (valid_costs, _), step in zip(evaluations, (14, 28), strict=True):
+        assert valid[step] == pytest.approx(np.exp(sum(valid_costs) / (5 * len(valid_costs))), rel=1e-4)
+    assert list(test) == [28]  # the one-off test run: the final state, batch 1 of 1 word
+    assert test[28] == pytest.approx(np.exp(sum(evaluations[-1][1]) / len(evaluations[-1][1])), rel=1e-4)
+    assert last_line(result) == f"test perplexity {test[28]:.2f}"
+    assert re.search(r"step 14: train perplexity = [\d.]+ \(", result.stderr)
+    # Every scalar output is a summary of the session's own writer: only `cost` (`iters` is computed by the reduction).
+    assert not any("iters" in r for r in records)
+
+    # Stopped mid-epoch 2 and run again: the LSTM state and the data position come back with the checkpoint.
+    run_example("ptb_lstm.py", *PTB_ARGS, "--workdir", str(tmp_path / "resumed"), "--last-step", "20")
+    assert jm.latest_checkpoint_step(tmp_path / "resumed") == 20
+    run_example("ptb_lstm.py", *PTB_ARGS, "--workdir", str(tmp_path / "resumed"))
+    resumed = _records(tmp_path / "resumed")
+    # Bit for bit: the same records, and the stopped run's own evaluations at its end (step 20).
+    for tag, whole in (("train/perplexity", train), ("valid/perplexity", valid), ("test/perplexity", test)):
+        written = {r["step"]: r[tag] for r in resumed if tag in r}
+        evaluated_at_stop = [] if tag == "train/perplexity" else [20]  # the stopped run's final state
+        assert sorted(written) == sorted([*whole, *evaluated_at_stop]), tag
+        assert {step: written[step] for step in whole} == whole, tag
