@@ -1,7 +1,7 @@
-"""`jaxmon sweep`: one `jaxmon train` per point of a grid of config values, each in a
-workdir of its own, one after another; a rerun trains only the points not finished; it
-ends with a table of every point's final metrics (`sweep.json`) and their curves in one
-plot (`sweep.png`)."""
+"""`jaxmon sweep`: one `jaxmon train` per point of a grid, a list or a random draw of
+config values, each in a workdir of its own, one after another or several at once; a
+rerun trains only the points not finished; it ends with a table of every point's final
+metrics (`sweep.json`) and their curves in one plot (`sweep.png`)."""
 
 from __future__ import annotations
 
@@ -9,53 +9,137 @@ import argparse
 import ctypes
 import itertools
 import json
+import math
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 _DESCRIPTION = """\
-Train the config once per point of a grid of values, `jaxmon train` in
-WORKDIR/<point> (e.g. WORKDIR/optimizer.learning_rate=0.001,seed=1), one point after
-another. --grid KEY=V1,V2,... gives one key's values (give it once per key: the points
-are every combination); --config.KEY=VALUE overrides apply to every point. A point whose
-run reached its last step is not trained again, so the same command after an
-interruption finishes only what was left. At the end: one line per point with its final
-metrics (those written at the last step: the final evaluation's), also in
-WORKDIR/sweep.json, and every point's curves in WORKDIR/sweep.png (with matplotlib). A
-point that fails ends the sweep with its exit code."""
+Train the config once per point, `jaxmon train` in WORKDIR/<point> (e.g.
+WORKDIR/optimizer.learning_rate=0.001,seed=1). The points, in one of three forms:
+  a grid: --grid KEY=V1,V2,... once per key: every combination of the values;
+  a list: --point "KEY=V KEY2=V2" once per point (keys and values space-separated);
+  random: --random N draws N points, each key's value among its --grid values or
+          log-uniformly in a --log-uniform KEY=LOW,HIGH range, from --seed (a rerun
+          draws the same points).
+--config.KEY=VALUE overrides apply to every point. --parallel N trains N points at
+once (each with its share of the GPUs, its output in WORKDIR/<point>/train.log). A
+point whose run reached its last step is not trained again, so the same command after
+an interruption finishes only what was left. At the end: one line per point with its
+final metrics (those written at the last step: the final evaluation's), also in
+WORKDIR/sweep.json, and every point's curves in WORKDIR/sweep.png (with matplotlib).
+A point that fails ends the sweep (after the points running beside it) with its exit
+code."""
 
 
 def add_sweep(commands: Any) -> argparse.ArgumentParser:
     """Adds `jaxmon sweep` to `commands` (the main parser's subparsers); returns its parser."""
-    sweep = commands.add_parser("sweep", help="train every point of a grid of config values (resumable)",
+    sweep = commands.add_parser("sweep", help="train every point of a grid, a list or a random draw (resumable)",
                                 description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="jaxmon sweep --config FILE --workdir DIR --grid KEY=V1,V2 [--grid ...] "
-                                      "[--config.KEY=VALUE ...]")
+                                usage="jaxmon sweep --config FILE --workdir DIR (--grid KEY=V1,V2 ... | --point "
+                                      "'KEY=V ...' ... | --random N [--grid ...] [--log-uniform KEY=LOW,HIGH ...]) "
+                                      "[--parallel N] [--config.KEY=VALUE ...]")
     sweep.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
     sweep.add_argument("--workdir", required=True, metavar="DIR", help="the sweep's directory: a run per point")
-    sweep.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2",
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                        help="a config key and its values, comma-separated (Python literals or text)")
+    sweep.add_argument("--point", action="append", default=[], metavar="'KEY=V ...'",
+                       help="one point: config keys and values, space-separated (give it once per point)")
+    sweep.add_argument("--random", type=int, metavar="N", help="draw N points (from --grid values and "
+                                                                "--log-uniform ranges)")
+    sweep.add_argument("--log-uniform", action="append", default=[], metavar="KEY=LOW,HIGH",
+                       help="with --random: a key drawn log-uniformly between LOW and HIGH")
+    sweep.add_argument("--seed", type=int, default=0, help="the seed of --random's draws (default 0)")
+    sweep.add_argument("--parallel", type=int, default=1, metavar="N", help="train N points at once (default 1)")
     sweep.set_defaults(handler=_sweep, takes_overrides=True)
     return sweep
 
 
 def grid_points(grids: list[str]) -> list[dict[str, str]]:
     """Every combination of the `--grid KEY=V1,V2` values, as `{key: raw value}`, in order."""
-    axes = []
-    for grid in grids:
-        key, equals, values = grid.partition("=")
+    axes = _axes(grids, "--grid", "optimizer.learning_rate=0.001,0.003")
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def listed_points(points: list[str]) -> list[dict[str, str]]:
+    """The `--point "KEY=V KEY2=V2"` points, as `{key: raw value}`, in order."""
+    listed = []
+    for point in points:
+        pairs = [pair.partition("=") for pair in point.split()]
+        if not pairs or any(not key or not equals or not value for key, equals, value in pairs):
+            raise ValueError(f"--point {point!r}: give config keys and values, space-separated, e.g. --point "
+                             "'optimizer.learning_rate=0.001 seed=1'.")
+        keys = [key for key, _, _ in pairs]
+        if len(set(keys)) < len(keys):
+            raise ValueError(f"--point {point!r} gives a key twice: give each key once per point.")
+        listed.append({key: value for key, _, value in pairs})
+    if len({tuple(sorted(point.items())) for point in listed}) < len(listed):
+        raise ValueError("two --point options give the same point: give each point once.")
+    return listed
+
+
+def random_points(count: int, grids: list[str], log_uniform: list[str], seed: int) -> list[dict[str, str]]:
+    """`count` points drawn from `seed`: each `--grid` key's value among its values (without
+    repeating a point while the grid has unseen ones), each `--log-uniform KEY=LOW,HIGH`
+    key's log-uniformly between LOW and HIGH (3 significant digits)."""
+    if count < 1:
+        raise ValueError(f"--random {count}: give the number of points to draw, at least 1.")
+    axes = _axes(grids, "--grid", "optimizer.learning_rate=0.001,0.003")
+    ranges = {}
+    for key, bounds in _axes(log_uniform, "--log-uniform", "optimizer.learning_rate=1e-4,1e-2").items():
+        try:
+            low, high = (float(bound) for bound in bounds)
+        except ValueError:
+            low = high = 0.0
+        if not 0 < low < high:
+            raise ValueError(f"--log-uniform {key}={','.join(bounds)}: give two positive numbers LOW,HIGH with LOW "
+                             "< HIGH, e.g. --log-uniform optimizer.learning_rate=1e-4,1e-2.")
+        ranges[key] = (low, high)
+    if set(axes) & set(ranges):
+        raise ValueError(f"--grid and --log-uniform both give {sorted(set(axes) & set(ranges))}: give each key once.")
+    if not axes and not ranges:
+        raise ValueError("--random draws from --grid values and --log-uniform ranges: give at least one.")
+    rng = random.Random(seed)
+    combinations = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    if not ranges and count > len(combinations):
+        raise ValueError(f"--random {count}: the grid has only {len(combinations)} points; draw at most that many.")
+    drawn = rng.sample(combinations, count) if not ranges else [rng.choice(combinations) for _ in range(count)]
+    return [{**point, **{key: f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}"
+                         for key, (low, high) in ranges.items()}} for point in drawn]
+
+
+def _axes(options: list[str], flag: str, example: str) -> dict[str, list[str]]:
+    """`{key: [raw values]}` from `KEY=V1,V2` options."""
+    axes: dict[str, list[str]] = {}
+    for option in options:
+        key, equals, values = option.partition("=")
         raw = [value.strip() for value in values.split(",")]
         if not equals or not key or not all(raw):
-            raise ValueError(f"--grid {grid!r}: give a config key and its values, e.g. --grid "
-                             "optimizer.learning_rate=0.001,0.003.")
-        if key in (k for k, _ in axes):
-            raise ValueError(f"--grid {key}= is given twice: give each key once, with all its values.")
-        axes.append((key, raw))
-    return [dict(zip([key for key, _ in axes], values, strict=True))
-            for values in itertools.product(*(raw for _, raw in axes))]
+            raise ValueError(f"{flag} {option!r}: give a config key and its values, e.g. {flag} {example}.")
+        if key in axes:
+            raise ValueError(f"{flag} {key}= is given twice: give each key once, with all its values.")
+        axes[key] = raw
+    return axes
+
+
+def sweep_points(args: argparse.Namespace) -> list[dict[str, str]]:
+    """The points the options give (one form of the three)."""
+    if args.random is not None:
+        if args.point:
+            raise ValueError("--point lists points and --random draws them: give one of the two.")
+        return random_points(args.random, args.grid, args.log_uniform, args.seed)
+    if args.log_uniform:
+        raise ValueError("--log-uniform gives a range to draw from: add --random N.")
+    if args.point and args.grid:
+        raise ValueError("--grid makes every combination and --point lists points: give one of the two.")
+    if not args.point and not args.grid:
+        raise ValueError("give the points: --grid KEY=V1,V2, --point 'KEY=V ...' or --random N.")
+    return listed_points(args.point) if args.point else grid_points(args.grid)
 
 
 def point_name(point: dict[str, str]) -> str:
@@ -69,26 +153,27 @@ def _sweep(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import ConfigError, load_config
 
     try:
-        points = grid_points(args.grid)
+        if args.parallel < 1:
+            raise ValueError(f"--parallel {args.parallel}: give how many points train at once, at least 1.")
+        points = sweep_points(args)
+        shares = device_shares(args.parallel, _gpu_count())
     except ValueError as error:
         raise ConfigError(str(error)) from None
     configs = [load_config(args.config, [*args.overrides, *(f"{k}={v}" for k, v in point.items())])
                for point in points]  # every point's config checked before any trains
     os.makedirs(args.workdir, exist_ok=True)
-    rows = []
-    for i, (point, config) in enumerate(zip(points, configs, strict=True), 1):
-        workdir = os.path.join(args.workdir, point_name(point))
+    workdirs = [os.path.join(args.workdir, point_name(point)) for point in points]
+    todo = []
+    for i, (point, config, workdir) in enumerate(zip(points, configs, workdirs, strict=True), 1):
         if os.path.isdir(workdir) and complete_steps(workdir)[-1:] == [config.get("steps")]:
             print(f"[{i}/{len(points)}] {point_name(point)}: finished already", flush=True)
         else:
-            print(f"[{i}/{len(points)}] {point_name(point)}: training", flush=True)
-            command = [sys.executable, "-m", "jaxmon", "train", "--config", args.config, "--workdir", workdir,
-                       "--quiet", *args.overrides, *(f"--config.{k}={v}" for k, v in point.items())]
-            code = subprocess.run(command, preexec_fn=_die_with_parent).returncode
-            if code:
-                print(f"jaxmon sweep: the point {point_name(point)} failed with exit code {code} (its output is "
-                      "above); the same command trains it and the points after it again.", file=sys.stderr)
-                return code
+            todo.append((i, point, workdir))
+    code = _train(args, todo, len(points), shares)
+    if code:
+        return code
+    rows = []
+    for point, config, workdir in zip(points, configs, workdirs, strict=True):
         metrics = run_info(workdir)["metrics"]  # those of the last step: the final evaluation's
         rows.append({"point": point, "workdir": workdir,
                      "metrics": {tag: value for tag, (step, value) in sorted(metrics.items())
@@ -98,6 +183,75 @@ def _sweep(args: argparse.Namespace) -> int:
     _print_table(rows)
     plot_workdirs([row["workdir"] for row in rows], os.path.join(args.workdir, "sweep.png"))
     return 0
+
+
+def _train(args: argparse.Namespace, todo: list[tuple[int, dict[str, str], str]], count: int,
+           shares: list[str | None]) -> int:
+    """Trains the points of `todo` (`(number, point, workdir)`), `args.parallel` at once,
+    slot s with the GPUs `shares[s]`; the first failure's exit code (0: none), once the
+    points running beside it ended."""
+    running: dict[int, tuple[subprocess.Popen, dict[str, str], Any]] = {}  # by share
+    failed = 0
+    queue = list(todo)
+    while queue or running:
+        while queue and not failed and len(running) < args.parallel:
+            i, point, workdir = queue.pop(0)
+            share = next(s for s in range(args.parallel) if s not in running)
+            command = [sys.executable, "-m", "jaxmon", "train", "--config", args.config, "--workdir", workdir,
+                       "--quiet", *args.overrides, *(f"--config.{k}={v}" for k, v in point.items())]
+            env, log = dict(os.environ), None
+            if shares[share] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = shares[share]
+            if args.parallel > 1:
+                os.makedirs(workdir, exist_ok=True)
+                log = open(os.path.join(workdir, "train.log"), "a", encoding="utf-8")  # closed when it ends
+            print(f"[{i}/{count}] {point_name(point)}: training"
+                  + (f" (output in {os.path.join(workdir, 'train.log')})" if log else ""), flush=True)
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+            running[share] = (process, point, log)
+        share = _wait_any({s: process for s, (process, _, _) in running.items()})
+        process, point, log = running.pop(share)
+        if log is not None:
+            log.close()
+        if process.returncode and not failed:
+            failed = process.returncode
+            where = "in its train.log" if log is not None else "above"
+            print(f"jaxmon sweep: the point {point_name(point)} failed with exit code {failed} (its output is "
+                  f"{where}); the same command trains it and the points not finished again.", file=sys.stderr)
+    return failed
+
+
+def device_shares(parallel: int, gpus: int) -> list[str | None]:
+    """Each of `parallel` slots' `CUDA_VISIBLE_DEVICES` (None: left as it is): with several
+    points at once and GPUs, each slot its own `gpus // parallel` of them."""
+    if parallel == 1 or gpus == 0:
+        return [None] * parallel
+    if parallel > gpus:
+        raise ValueError(f"--parallel {parallel}: this machine has {gpus} GPUs, and points at once do not share "
+                         f"one; give --parallel {gpus} or fewer.")
+    per = gpus // parallel
+    return [",".join(str(gpu) for gpu in range(s * per, (s + 1) * per)) for s in range(parallel)]
+
+
+def _gpu_count() -> int:
+    """The GPUs this process may use (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi -L`), without JAX."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([gpu for gpu in visible.split(",") if gpu.strip()])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def _wait_any(processes: dict[int, subprocess.Popen]) -> int:
+    """The key of a process of `processes` that has ended (waits for one)."""
+    while True:
+        for key, process in processes.items():
+            if process.poll() is not None:
+                return key
+        time.sleep(0.1)
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:

@@ -3,6 +3,7 @@ its own; a rerun trains only the unfinished points; a table and one plot at the 
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from helpers import DEFAULT, ROOT, cpu_env
 
 import jaxmon as jm
-from jaxmon._cli.sweep import grid_points, point_name
+from jaxmon._cli.sweep import device_shares, grid_points, listed_points, point_name, random_points
 
 LM_SHORT = ["--config.steps=10", "--config.model.num_layers=1", "--config.hooks.1.every_n_steps=10",
             "--config.session.save_checkpoint_steps=10", "--config.optimizer.learning_rate.decay_steps=10",
@@ -32,6 +33,78 @@ def test_the_points_are_every_combination_of_the_grids_values():
     for bad in ("seed", "seed=", "=1,2", "seed=1,,2"):
         with pytest.raises(ValueError, match="give a config key and its values"):
             grid_points([bad])
+
+
+def test_listed_points_are_taken_as_given_and_a_bad_one_names_the_form():
+    assert listed_points(["seed=0 optimizer.learning_rate=1e-3", "seed=5"]) == [
+        {"seed": "0", "optimizer.learning_rate": "1e-3"}, {"seed": "5"}]
+    for bad, match in ((["seed"], "space-separated"), (["seed=1 seed=2"], "a key twice"),
+                       (["seed=1", "seed=1"], "the same point")):
+        with pytest.raises(ValueError, match=match):
+            listed_points(bad)
+
+
+def test_random_points_are_drawn_from_the_seed_and_the_same_on_a_rerun():
+    grid = ["seed=0,1,2,3", "model.features=[16],[32]"]
+    drawn = random_points(5, grid, [], seed=7)
+    assert drawn == random_points(5, grid, [], seed=7) != random_points(5, grid, [], seed=8)
+    assert len({tuple(p.items()) for p in drawn}) == 5 and all(p in grid_points(grid) for p in drawn)  # no repeats
+    ranged = random_points(20, ["seed=0,1"], ["optimizer.learning_rate=1e-4,1e-2"], seed=0)
+    rates = [float(p["optimizer.learning_rate"]) for p in ranged]
+    assert all(1e-4 <= r <= 1e-2 for r in rates) and min(rates) < 1e-3 < max(rates)  # spread over the decades
+    assert {p["seed"] for p in ranged} == {"0", "1"}
+    for args, match in (((9, grid, []), "only 8 points"), ((2, [], []), "at least one"),
+                        ((2, [], ["optimizer.learning_rate=1e-2,1e-4"]), "LOW < HIGH"),
+                        ((0, grid, []), "at least 1"), ((2, ["seed=0,1"], ["seed=1,2"]), "each key once")):
+        with pytest.raises(ValueError, match=match):
+            random_points(*args, seed=0)
+
+
+def test_points_at_once_share_the_gpus_out_and_never_share_one():
+    assert device_shares(1, 8) == [None] and device_shares(2, 0) == [None, None]  # the CPU: processes share it
+    assert device_shares(2, 8) == ["0,1,2,3", "4,5,6,7"] and device_shares(3, 4) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="--parallel 2 or fewer"):
+        device_shares(3, 2)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--point", "seed=1", "--grid", "seed=0,1"], "give one of the two"),
+    (["--log-uniform", "optimizer.learning_rate=1e-4,1e-2"], "add --random N"),
+    (["--random", "3"], "give at least one"),
+    ([], "give the points"),
+    (["--grid", "seed=0,1", "--parallel", "0"], "at least 1"),
+])
+def test_points_given_in_no_form_or_two_exit_2_with_one_line(tmp_path, args, line):
+    done = sweep("--config", DEFAULT, "--workdir", tmp_path / "s", *args)
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 2 and len(err.strip().splitlines()) == 1 and line in err, err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_a_random_draw_trained_two_at_a_time_writes_each_log_and_a_rerun_trains_nothing(tmp_path):
+    args = ["--config", DEFAULT, "--workdir", tmp_path, "--random", "3", "--grid", "seed=0,1",
+            "--log-uniform", "optimizer.learning_rate=1e-3,1e-2", "--seed", "3", "--parallel", "2",
+            "--config.steps=40"]
+    done = sweep(*args)
+    out, err = done.communicate(timeout=600)
+    assert done.returncode == 0, err[-3000:]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    drawn = random_points(3, ["seed=0,1"], ["optimizer.learning_rate=1e-3,1e-2"], seed=3)
+    assert [row["point"] for row in rows] == drawn
+    times = []  # each point's first and last record
+    for row in rows:
+        assert jm.latest_checkpoint_step(row["workdir"]) == 40 and "eval/accuracy" in row["metrics"]
+        log = (pathlib.Path(row["workdir"]) / "train.log").read_text()
+        assert log.startswith("step 40: test accuracy") and row["workdir"] in log, log[-2000:]
+        lines = (pathlib.Path(row["workdir"]) / "metrics.jsonl").read_text().splitlines()
+        records = [r for r in map(json.loads, lines) if "wall_time" in r]
+        times.append((records[0]["wall_time"], records[-1]["wall_time"]))
+    assert times[1][0] < times[0][1] and times[0][0] < times[1][1]  # the first two trained at once
+    assert out.count(": training (output in ") == 3
+    again = sweep(*args)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and out.count("finished already") == 3 and "training" not in out, err[-2000:]
 
 
 def test_a_grid_of_an_unknown_key_exits_2_with_one_line_before_any_training(tmp_path):
