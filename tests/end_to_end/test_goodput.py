@@ -18,13 +18,14 @@ import jaxmon as jm
 pytestmark = pytest.mark.processes
 
 DATA_SECS, EVAL_SECS = 0.1, 0.3  # per batch of data; per evaluation batch (two per evaluation)
+WATCHDOG_SECS = 3.0  # a hung step: the watchdog ends the process after this long
 
 SCRIPT = textwrap.dedent(f"""
     import os, sys, time
     import jax.numpy as jnp, numpy as np
     import jaxmon as jm
 
-    workdir, crash_at = sys.argv[1], int(sys.argv[2])
+    workdir, crash_at, hang = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["hang"]
 
     class Slow:  # the data: {DATA_SECS} s per batch, with a position
         def __init__(self):
@@ -58,27 +59,35 @@ SCRIPT = textwrap.dedent(f"""
             if run_values.step == crash_at:  # after the breakdown of this step was recorded
                 print("CRASH", time.time(), flush=True)
                 time.sleep(0.5)  # the record is written off the loop: let it land (a crash between two records
-                os._exit(3)      # leaves the steps after the last one to the idle time between the processes)
+                if hang:         # leaves the steps after the last one to the idle time between the processes)
+                    time.sleep(600)  # until the watchdog ends the process
+                os._exit(3)
 
     hooks = [jm.EvalHook(eval_fn, SleepyEval(), every_n_steps=20), jm.StopAtStepHook(last_step=60),
              jm.GoodputHook(output_dir=workdir, every_n_steps=5, record_every_secs=0),  # replaces the standard one
              Crash()]
     with jm.MonitoredTrainingSession(step_fn, state=jnp.zeros(()), data=Slow(), checkpoint_dir=workdir,
                                      save_checkpoint_steps=10, save_summaries_steps=5, log_step_count_steps=None,
-                                     prefetch=0, hooks=hooks) as sess:
+                                     prefetch=0, hooks=hooks, watchdog_secs={WATCHDOG_SECS} if hang else None) as sess:
         print("START", sess.time_spent.start, sess.restored_step, flush=True)
         while not sess.should_stop():
             sess.run()
 """)
 
 
-def test_each_category_is_within_10_percent_of_the_known_time_across_a_restart(tmp_path):
+def runner(tmp_path):
+    """`run(crash_at, *mode)`: one process of the goodput script's run, in `tmp_path / "run"`."""
     script, workdir = tmp_path / "train.py", tmp_path / "run"
     script.write_text(SCRIPT)
 
-    def run(crash_at):
-        return subprocess.run([sys.executable, str(script), str(workdir), str(crash_at)], cwd=ROOT, text=True,
+    def run(crash_at, *mode):
+        return subprocess.run([sys.executable, str(script), str(workdir), str(crash_at), *mode], cwd=ROOT, text=True,
                               capture_output=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return run, workdir
+
+
+def test_each_category_is_within_10_percent_of_the_known_time_across_a_restart(tmp_path):
+    run, workdir = runner(tmp_path)
 
     first = run(crash_at=35)  # killed after step 35; its newest checkpoint is step 30
     assert first.returncode == 3, first.stderr[-3000:]
@@ -111,6 +120,21 @@ def test_each_category_is_within_10_percent_of_the_known_time_across_a_restart(t
                            "idle"]
     assert table["data"] == pytest.approx(totals["data"], abs=0.006)
     assert table["lost"] == pytest.approx(totals["lost"], abs=0.006)
+
+
+def test_the_hang_of_a_run_the_watchdog_ended_is_idle_time_of_the_run(tmp_path):
+    run, workdir = runner(tmp_path)
+    first = run(15, "hang")  # hangs after step 15 (recorded) until the watchdog ends it
+    assert first.returncode == 76, first.stderr[-3000:]
+    hung = float(next(line for line in first.stdout.splitlines() if line.startswith("CRASH")).split()[1])
+    second = run(0)
+    assert second.returncode == 0, second.stderr[-3000:]
+    start = float(next(line for line in second.stdout.splitlines() if line.startswith("START")).split()[1])
+    record = json.loads((workdir / "goodput.json").read_text())
+    idle = record["before"]["idle"]
+    # From the hung process's last record (step 15) to the next one's start: the hang, the exit and the restart.
+    assert WATCHDOG_SECS <= start - hung <= idle <= start - hung + 1.0, (idle, start - hung)
+    assert idle / sum(record["before"].values()) > 0.2, record  # a share of the run's time to see, not 0
 
 
 def test_a_session_counts_every_second_of_its_life_once():
