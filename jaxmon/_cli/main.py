@@ -7,6 +7,7 @@ import atexit
 import datetime
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -85,16 +86,17 @@ error); 75 another process of the run died or stopped answering, so this one sto
 too, at once (the complete checkpoints stand: start every process again to resume);
 76 the watchdog (session.watchdog_secs) saw no step complete in time: every thread's
 stack and what the loop was doing are above the last line; the same command resumes;
-130 stopped by Ctrl-C and 143 by SIGTERM, each after saving a checkpoint at
-the step it stopped on (run the same command to resume), or before training started,
-with nothing to save. A failure ends with one line
+130 stopped by Ctrl-C, 143 by SIGTERM and 129 by SIGHUP (a closed terminal or SSH
+session; ignored under nohup), each after saving a checkpoint at the step it stopped
+on (run the same command to resume), or before training started, with nothing to
+save. A failure ends with one line
 saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it).
 """
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the `jaxmon` command; returns its exit code. Ctrl-C and SIGTERM stop it from
-    here on with exit 130 / 143 and one line, never a traceback (see `signals`)."""
+    """Runs the `jaxmon` command; returns its exit code. Ctrl-C, SIGTERM and SIGHUP stop it
+    from here on with exit 130 / 143 / 129 and one line, never a traceback (see `signals`)."""
     with _cli_signals.handling():
         return _main(list(sys.argv[1:] if argv is None else argv))
 
@@ -312,8 +314,9 @@ def _train(args: argparse.Namespace) -> int:
         jax.config.update("jax_enable_compilation_cache", False)
     result = train_experiment(config, args.workdir, report=lambda line: print(line, flush=True),
                               compilation_cache=cache)
-    if result.get("stopped") == "SIGTERM":  # saved and stopped: the same last line as Ctrl-C's
-        raise _cli_signals.Terminated(f"Stopped by SIGTERM at step {result['step']}")
+    if result.get("stopped") in ("SIGTERM", "SIGHUP"):  # saved and stopped: the same last line as Ctrl-C's
+        signum = signal.Signals[result["stopped"]]
+        raise _cli_signals.Terminated(f"Stopped by {signum.name} at step {result['step']}", signum=signum)
     return result.get("exit_code", 0)
 
 

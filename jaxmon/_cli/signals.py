@@ -1,14 +1,16 @@
-"""Ctrl-C and SIGTERM in the `jaxmon` command, from its first moment to its exit.
+"""Ctrl-C, SIGTERM and SIGHUP in the `jaxmon` command, from its first moment to its exit.
 
 Importing this module in the `jaxmon` command (`jaxmon ...` or `python -m jaxmon ...`;
-`jaxmon/__init__.py` imports it first, before JAX loads) installs handlers for both:
+`jaxmon/__init__.py` imports it first, before JAX loads) installs handlers for the
+three (SIGHUP, a closed terminal or a dropped SSH session, acts as SIGTERM does, with
+its own words and exit code 129; under `nohup` it stays ignored):
 
 - start-up, until `main` takes over, and while `main` loads JAX (`loading()`): nothing
   has been done yet, so a signal ends the process at once with one line (exit 130 for
-  Ctrl-C, 143 for SIGTERM);
+  Ctrl-C, 143 for SIGTERM, 129 for SIGHUP);
 - in `main` (`handling()`): a signal raises `KeyboardInterrupt` (Ctrl-C) or `Terminated`
-  (SIGTERM) in the main thread, so that what is open closes on the way out; a session
-  inside its `with` block takes both signals over and saves first. One that Python
+  (SIGTERM, SIGHUP) in the main thread, so that what is open closes on the way out; a
+  session inside its `with` block takes the signals over and saves first. One that Python
   swallows (raised while a garbage-collection callback or a `__del__` runs: "Exception
   ignored in ...") is raised again 50 ms later, wherever the main thread is then, or
   handed to the handler that took the signal over since; one that a library caught
@@ -36,15 +38,20 @@ from collections.abc import Iterator
 from typing import Any
 
 #: The exit code of a stop by each signal (128 + its number).
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 #: The words for each signal in the command's last line.
-NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 _AGAIN_SECS = 0.05
 
 
 class Terminated(BaseException):
-    """SIGTERM in the `jaxmon` command where no session handles it: stops the command as
-    `KeyboardInterrupt` does for Ctrl-C (a `BaseException`: `except Exception` lets it by)."""
+    """SIGTERM or SIGHUP (`signum`) in the `jaxmon` command where no session handles it:
+    stops the command as `KeyboardInterrupt` does for Ctrl-C (a `BaseException`: `except
+    Exception` lets it by)."""
+
+    def __init__(self, *args: Any, signum: int = signal.SIGTERM):
+        super().__init__(*args)
+        self.signum = signum
 
 
 class _Stage:
@@ -94,8 +101,9 @@ def _command() -> str:
 
 
 def _install(handler: Any) -> dict[int, Any]:
-    """`handler` for SIGINT and SIGTERM (a SIGINT ignored from the start, as `nohup` or a
-    shell's background job leaves it, stays ignored); returns the handlers before."""
+    """`handler` for SIGINT, SIGTERM and SIGHUP (one ignored from the start, as a shell's
+    background job leaves SIGINT and `nohup` SIGHUP, stays ignored); returns the
+    handlers before."""
     previous = {}
     for signum in EXIT_CODES:
         current = signal.getsignal(signum)
@@ -119,7 +127,7 @@ def write_last_line(text: str) -> None:
     log line from JAX's coordination client, say, in the few milliseconds before the
     process ends) cannot come after it; a write begun before is given 50 ms to land.
     For a process about to end: Python's `sys.stderr` writes nowhere after this, and
-    Ctrl-C or SIGTERM from here on is ignored (the line is on its way)."""
+    Ctrl-C, SIGTERM or SIGHUP from here on is ignored (the line is on its way)."""
     if _stage.name == "main":
         _stage.name = "ending"
     flush_std_streams()
@@ -153,7 +161,7 @@ def _raise(signum: int, frame: Any) -> None:
     if _stage.name != "main":  # the command is ending: its last line is on its way
         return
     _stage.pending = signum
-    _stage.raised = error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    _stage.raised = error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum=signum)
     raise error
 
 
@@ -181,7 +189,7 @@ def _again(signum: int, frame: Any) -> None:
 
 
 def install_for_the_command() -> None:
-    """Handles both signals from here on if this process is the `jaxmon` command."""
+    """Handles the signals from here on if this process is the `jaxmon` command."""
     if _stage.name == "off" and threading.current_thread() is threading.main_thread() and _is_the_command():
         _stage.name, _stage.command = "start-up", True
         _install(_exit_at_once)
@@ -189,7 +197,7 @@ def install_for_the_command() -> None:
 
 
 def _ignore_signals() -> None:
-    """The last exit function: both signals are ignored from here on. Python would give
+    """The last exit function: the signals are ignored from here on. Python would give
     them their default action (death by the signal, silently) while it tears itself down
     (a second or so, after a command that has finished)."""
     for signum in EXIT_CODES:
@@ -244,7 +252,7 @@ def loading() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held back (blocked) inside, delivered on the way out."""
+    """Ctrl-C, SIGTERM and SIGHUP held back (blocked) inside, delivered on the way out."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, EXIT_CODES)
     try:
         yield
@@ -278,7 +286,7 @@ def stopped(error: BaseException) -> int | None:
     signum = _stage.pending
     if signum is None:
         signum = (signal.SIGINT if isinstance(error, KeyboardInterrupt)
-                  else signal.SIGTERM if isinstance(error, Terminated) else None)
+                  else error.signum if isinstance(error, Terminated) else None)
     if signum is not None and _stage.name == "main":
         _stage.name = "ending"  # `_again`, if it comes, does nothing now
     return signum

@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -291,11 +292,13 @@ def _report_resume(session: MonitoredTrainingSession, experiment: _Experiment, r
 
 
 def _stopped_early(session: MonitoredTrainingSession, report: Callable[[str], None]) -> dict[str, Any] | None:
-    """The result of a session stopped by SIGTERM or by a rejected state, reported;
-    None if it ran to its end."""
+    """The result of a session stopped by SIGTERM, SIGHUP or a rejected state, reported
+    (exit code 128 + the signal's number); None if it ran to its end."""
     if session.preemption_requested:
-        report(f"Stopped by SIGTERM at step {session.step}; the checkpoint is saved: run the same command to resume.")
-        return {"step": session.step, "stopped": "SIGTERM", "exit_code": 143}
+        signum = signal.Signals(session.preemption_signal or signal.SIGTERM)
+        report(f"Stopped by {signum.name} at step {session.step}; the checkpoint is saved: run the same command to "
+               "resume.")
+        return {"step": session.step, "stopped": signum.name, "exit_code": 128 + signum}
     if session.state_rejected:
         report(f"Stopped early at step {session.step}: {session.state_rejected}.")
         return {"step": session.step, "stopped": session.state_rejected, "exit_code": 1}

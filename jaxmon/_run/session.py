@@ -288,8 +288,14 @@ class MonitoredSession:
 
     @property
     def preemption_requested(self) -> bool:
-        """True once SIGTERM (or JAX's preemption sync point) asked to save and stop."""
+        """True once SIGTERM, SIGHUP (or JAX's preemption sync point) asked to save and stop."""
         return self._preemption.requested
+
+    @property
+    def preemption_signal(self) -> int | None:
+        """The signal that asked to save and stop (SIGTERM for `request_preemption()` and
+        JAX's preemption sync point); None while none did."""
+        return self._preemption.signal
 
     def request_preemption(self) -> None:
         """Acts as SIGTERM does: save at the next step boundary, then stop."""

@@ -1,5 +1,5 @@
 """When the loop stops: the one stop decision (`Stopping`), and preemption (SIGTERM,
-Ctrl-C or JAX's preemption service) turned into a save and a stop."""
+SIGHUP, Ctrl-C or JAX's preemption service) turned into a save and a stop."""
 
 from __future__ import annotations
 
@@ -72,19 +72,22 @@ class Stopping:
 class Preemption:
     """Whether this run was asked to save at the next step boundary and stop.
 
-    With one JAX process, SIGTERM (caught while the session is open) and SIGINT
-    (Ctrl-C, caught inside the session's `with` block, from `catch_ctrl_c()` until
-    `uninstall()`: a session left open elsewhere never swallows a Ctrl-C), in the main
-    thread, call `request()`; a second one goes to the handler that was there before
-    (by default: exit, or `KeyboardInterrupt` for Ctrl-C). After a Ctrl-C,
-    `after_close` raises `KeyboardInterrupt` once the session has saved and closed. (A
-    `KeyboardInterrupt` raised inside the `with` block saves too, then goes on; after a
-    first Ctrl-C, it abandons the save.) With several processes, JAX's preemption
-    service takes SIGTERM instead, and `after_run(step)` asks it whether every process
-    reached the step they agreed to stop at.
+    With one JAX process, SIGTERM and SIGHUP (a closed terminal or a dropped SSH
+    session; both caught while the session is open) and SIGINT (Ctrl-C, caught inside
+    the session's `with` block, from `catch_ctrl_c()` until `uninstall()`: a session
+    left open elsewhere never swallows a Ctrl-C), in the main thread, call `request()`;
+    a second one goes to the handler that was there before (by default: exit, or
+    `KeyboardInterrupt` for Ctrl-C). After a Ctrl-C, `after_close` raises
+    `KeyboardInterrupt` once the session has saved and closed. (A `KeyboardInterrupt`
+    raised inside the `with` block saves too, then goes on; after a first Ctrl-C, it
+    abandons the save.) With several processes, JAX's preemption service takes SIGTERM
+    instead (SIGHUP is turned into a SIGTERM to this process for it), and
+    `after_run(step)` asks it whether every process reached the step they agreed to
+    stop at.
 
     Args:
-      handle_sigterm: catch SIGTERM, and SIGINT from `catch_ctrl_c()` (one process only).
+      handle_sigterm: catch SIGTERM and SIGHUP, and SIGINT from `catch_ctrl_c()` (one
+        process only).
       several_processes: poll JAX's preemption service after every run.
     """
 
@@ -92,29 +95,40 @@ class Preemption:
         self.requested = False
         #: True once the request came from Ctrl-C.
         self.interrupted = False
+        #: The signal that asked to save and stop (SIGTERM for `request_preemption()` and
+        #: JAX's preemption service); None before.
+        self.signal: signal.Signals | None = None
         #: Whether `poll` asks JAX's preemption service (several processes, service on).
         self.polling = several_processes
         self._handlers: list[_SignalHandler] = []
         self._catching = handle_sigterm and not several_processes
         if self._catching:
-            self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested)]
+            self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested),
+                              _SignalHandler(signal.SIGHUP, self._hung_up, lambda: self.requested)]
+        elif handle_sigterm and several_processes:  # JAX's service hears SIGTERM only
+            self._handlers = [_SignalHandler(signal.SIGHUP, lambda: os.kill(os.getpid(), signal.SIGTERM),
+                                             lambda: False)]
 
     def catch_ctrl_c(self) -> None:
         """Turns Ctrl-C into `request()` too, until `uninstall()`."""
         global _entered
         _entered = True
-        if self._catching and len(self._handlers) == 1:
+        if self._catching and all(handler.signum != signal.SIGINT for handler in self._handlers):
             self._handlers.append(_SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested))
 
-    def request(self, by: str = "SIGTERM or request_preemption()") -> None:
+    def request(self, by: str = "SIGTERM or request_preemption()", signum: signal.Signals = signal.SIGTERM) -> None:
         """Saves at the next step boundary, then stops (what SIGTERM does)."""
         if not self.requested:
             logger.warning("%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
+            self.signal = signum
         self.requested = True
+
+    def _hung_up(self) -> None:
+        self.request("SIGHUP (the terminal closed)", signal.SIGHUP)
 
     def _interrupt(self) -> None:
         self.interrupted = not self.requested
-        self.request("Ctrl-C")
+        self.request("Ctrl-C", signal.SIGINT)
 
     def after_close(self, step: int) -> None:
         """Raises `KeyboardInterrupt` after a Ctrl-C, now that the session saved and closed."""
@@ -136,7 +150,7 @@ class Preemption:
         return self.requested
 
     def uninstall(self) -> None:
-        """Gives SIGTERM and SIGINT back to the handlers that were there before."""
+        """Gives SIGTERM, SIGHUP and SIGINT back to the handlers that were there before."""
         for handler in self._handlers:
             handler.uninstall()
 
@@ -146,24 +160,26 @@ class _SignalHandler:
     handler that was there before."""
 
     def __init__(self, signum: signal.Signals, on_first, requested):
-        self._signum, self._on_first, self._requested = signum, on_first, requested
+        self.signum, self._on_first, self._requested = signum, on_first, requested
         self._previous: Any = None
         self._installed = threading.current_thread() is threading.main_thread()
+        if signum == signal.SIGHUP and self._installed and signal.getsignal(signum) is signal.SIG_IGN:
+            self._installed = False  # under `nohup`: the run goes on when the terminal closes
         if self._installed:
             self._previous = signal.signal(signum, self._handle)
             if _cli_signals.take_lost(signum):  # the command's, raised before and caught by a library
                 self._handle(signum, None)
         elif signum == signal.SIGTERM:
-            logger.info("The session is not in the main thread, so it does not handle SIGTERM or Ctrl-C.")
+            logger.info("The session is not in the main thread, so it does not handle SIGTERM, SIGHUP or Ctrl-C.")
 
     def _handle(self, signum, frame) -> None:
         if not self._requested():
             self._on_first()
             return
         self.uninstall()
-        os.kill(os.getpid(), self._signum)
+        os.kill(os.getpid(), self.signum)
 
     def uninstall(self) -> None:
         if self._installed:
             self._installed = False
-            signal.signal(self._signum, self._previous if self._previous is not None else signal.SIG_DFL)
+            signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)

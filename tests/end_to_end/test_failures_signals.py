@@ -1,5 +1,5 @@
-"""Ctrl-C and SIGTERM at any moment of `jaxmon train`: from its first line on, each ends
-in exit 130 / 143 and one last line (stopped before training started, nothing to save; or
+"""Ctrl-C, SIGTERM and SIGHUP at any moment of `jaxmon train`: from its first line on,
+each ends in exit 130 / 143 / 129 and one last line (stopped before training started, nothing to save; or
 the step it stopped at and the checkpoint saved there), never a traceback, never lost;
 and the small messages: an infinite loss, the notice of a state with two leaves on one
 buffer."""
@@ -17,14 +17,14 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import DEFAULT, ROOT, assert_fails
+from helpers import DEFAULT, ROOT, assert_fails, assert_same_checkpoint, tiny_config
 
 import jaxmon as jm
 from jaxmon._cli import signals as _cli_signals
 from jaxmon._run.state_life import unaliased
 
-EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
-NAME = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+NAME = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 SCRIPT = pathlib.Path(sysconfig.get_path("scripts")) / "jaxmon"  # the console script
 
 
@@ -61,7 +61,7 @@ def finish(process, timeout=240):
 
 
 def assert_stopped(result, signum):
-    """Exit 130 / 143, one last line `jaxmon train: Stopped by <signal> ...`, nothing
+    """Exit 130 / 143 / 129, one last line `jaxmon train: Stopped by <signal> ...`, nothing
     swallowed (Python's "Exception ignored"); returns that line."""
     last = assert_fails(result, EXIT[signum], f"Stopped by {NAME[signum]}")
     assert "Exception ignored" not in result.stderr, result.stderr[-3000:]
@@ -135,6 +135,33 @@ def test_a_signal_during_the_first_compilation_saves_the_step_it_stops_on(tmp_pa
                         r"command to resume\.$", last)
     assert stopped and stopped[1] == stopped[2], last  # the prefix, the step, the checkpoint: Ctrl-C's shape
     assert jm.latest_checkpoint_step(workdir) == int(stopped[1])
+
+
+# -- SIGHUP: a closed terminal saves and stops as SIGTERM does ----------------------------------
+
+
+def test_sighup_mid_run_saves_says_so_in_one_line_exits_129_and_the_rerun_resumes_bit_exactly(tmp_path):
+    config = tiny_config(tmp_path, steps=60, sleep=0.05)
+    whole = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                            str(tmp_path / "whole")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    workdir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                                str(workdir)], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while (jm.latest_checkpoint_step(workdir) or 0) < 20:  # mid-run: the first periodic checkpoint is complete
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.send_signal(signal.SIGHUP)
+    last = assert_stopped(finish(process), signal.SIGHUP)
+    stopped = re.fullmatch(r"jaxmon train: Stopped by SIGHUP at step (\d+); checkpoint (\d+) is saved: run the same "
+                           r"command to resume\.", last)
+    assert stopped and stopped[1] == stopped[2] and 20 <= int(stopped[1]) < 60, last
+    assert jm.latest_checkpoint_step(workdir) == int(stopped[1])
+    again = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                            str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"Resumed from step {stopped[1]}" in again.stderr + again.stdout, again.stderr
+    assert_same_checkpoint(workdir, tmp_path / "whole", 60)
 
 
 # -- a signal Python swallows is raised again -----------------------------------------------------
