@@ -139,6 +139,11 @@ class SecondOrStepTimer:
         chief's clock this way, so that seconds-based triggers fire at one step)."""
         self._clock = clock
 
+    def opening(self, step: int) -> bool:
+        """Whether an action at `step` is a starting point that ends no window (see
+        `Every.opening`): never, for TF's timer."""
+        return False
+
     def last_triggered_step(self) -> int | None:
         """The step of the last recorded trigger, or None."""
         return self._last_step

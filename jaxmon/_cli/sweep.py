@@ -13,6 +13,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def add_sweep(commands: Any) -> argparse.ArgumentParser:
                                                                 "--log-uniform ranges)")
     sweep.add_argument("--log-uniform", action="append", default=[], metavar="KEY=LOW,HIGH",
                        help="with --random: a key drawn log-uniformly between LOW and HIGH")
-    sweep.add_argument("--seed", type=int, default=0, help="the seed of --random's draws (default 0)")
+    sweep.add_argument("--seed", type=int, default=None, help="the seed of --random's draws (default 0)")
     sweep.add_argument("--parallel", type=int, default=1, metavar="N", help="train N points at once (default 1)")
     sweep.set_defaults(handler=_sweep, takes_overrides=True)
     return sweep
@@ -62,36 +63,39 @@ def add_sweep(commands: Any) -> argparse.ArgumentParser:
 
 def grid_points(grids: list[str]) -> list[dict[str, str]]:
     """Every combination of the `--grid KEY=V1,V2` values, as `{key: raw value}`, in order."""
-    axes = _axes(grids, "--grid", "optimizer.learning_rate=0.001,0.003")
-    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    return _combinations(_axes(grids, "--grid"))
 
 
 def listed_points(points: list[str]) -> list[dict[str, str]]:
-    """The `--point "KEY=V KEY2=V2"` points, as `{key: raw value}`, in order."""
-    listed = []
+    """The `--point "KEY=V KEY2=V2"` points, as `{key: raw value}`, in order (a value
+    with spaces in quotes: `--point "model.features='[16, 32]'"`)."""
+    listed: list[dict[str, str]] = []
     for point in points:
-        pairs = [pair.partition("=") for pair in point.split()]
+        pairs = [pair.partition("=") for pair in shlex.split(point)]
         if not pairs or any(not key or not equals or not value for key, equals, value in pairs):
             raise ValueError(f"--point {point!r}: give config keys and values, space-separated, e.g. --point "
                              "'optimizer.learning_rate=0.001 seed=1'.")
         keys = [key for key, _, _ in pairs]
-        if len(set(keys)) < len(keys):
-            raise ValueError(f"--point {point!r} gives a key twice: give each key once per point.")
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        if twice:
+            raise ValueError(f"--point {point!r} gives {', '.join(twice)} twice: give each key once per point.")
         listed.append({key: value for key, _, value in pairs})
-    if len({tuple(sorted(point.items())) for point in listed}) < len(listed):
-        raise ValueError("two --point options give the same point: give each point once.")
+    _check_distinct(listed, "--point options")
     return listed
 
 
-def random_points(count: int, grids: list[str], log_uniform: list[str], seed: int) -> list[dict[str, str]]:
-    """`count` points drawn from `seed`: each `--grid` key's value among its values (without
-    repeating a point while the grid has unseen ones), each `--log-uniform KEY=LOW,HIGH`
-    key's log-uniformly between LOW and HIGH (3 significant digits)."""
+def random_points(count: int, grids: list[str], log_uniform: list[str], seed: int,
+                  ints: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """`count` points drawn from `seed`: each `--grid` key's value among its values (no
+    combination twice before every one was drawn), each `--log-uniform KEY=LOW,HIGH`
+    key's log-uniformly between LOW and HIGH (3 significant digits; the keys in `ints`
+    rounded to an int). Point i is the same for any `count` above i: a larger draw keeps
+    the points of a smaller one."""
     if count < 1:
         raise ValueError(f"--random {count}: give the number of points to draw, at least 1.")
-    axes = _axes(grids, "--grid", "optimizer.learning_rate=0.001,0.003")
+    axes = _axes(grids, "--grid")
     ranges = {}
-    for key, bounds in _axes(log_uniform, "--log-uniform", "optimizer.learning_rate=1e-4,1e-2").items():
+    for key, bounds in _axes(log_uniform, "--log-uniform").items():
         try:
             low, high = (float(bound) for bound in bounds)
         except ValueError:
@@ -101,40 +105,80 @@ def random_points(count: int, grids: list[str], log_uniform: list[str], seed: in
                              "< HIGH, e.g. --log-uniform optimizer.learning_rate=1e-4,1e-2.")
         ranges[key] = (low, high)
     if set(axes) & set(ranges):
-        raise ValueError(f"--grid and --log-uniform both give {sorted(set(axes) & set(ranges))}: give each key once.")
+        raise ValueError(f"--grid and --log-uniform both give {', '.join(sorted(set(axes) & set(ranges)))}: give "
+                         "each key once.")
     if not axes and not ranges:
         raise ValueError("--random draws from --grid values and --log-uniform ranges: give at least one.")
-    rng = random.Random(seed)
-    combinations = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    combinations = _combinations(axes)
     if not ranges and count > len(combinations):
         raise ValueError(f"--random {count}: the grid has only {len(combinations)} points; draw at most that many.")
-    drawn = rng.sample(combinations, count) if not ranges else [rng.choice(combinations) for _ in range(count)]
-    return [{**point, **{key: f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}"
-                         for key, (low, high) in ranges.items()}} for point in drawn]
+    order, shuffler = [], random.Random(f"{seed}/grid")  # seeded by text: the same in every process
+    while len(order) < count:
+        cycle = list(combinations)
+        shuffler.shuffle(cycle)
+        order.extend(cycle)
+    points: list[dict[str, str]] = []
+    for i in range(count):
+        for attempt in range(100):  # a value rounded to one drawn before: draw again
+            draw = random.Random(f"{seed}/{i}/{attempt}")
+            point = {**order[i], **{key: _log_uniform(draw, low, high, key in ints)
+                                    for key, (low, high) in ranges.items()}}
+            if point_name(point) not in (point_name(p) for p in points):
+                break
+        else:
+            raise ValueError(f"--random {count}: the ranges give fewer than {count} different points once rounded; "
+                             "draw fewer, or widen the ranges.")
+        points.append(point)
+    return points
 
 
-def _axes(options: list[str], flag: str, example: str) -> dict[str, list[str]]:
+def _log_uniform(draw: random.Random, low: float, high: float, whole: bool) -> str:
+    """A value drawn log-uniformly in [low, high], as text: an int, or 3 significant digits."""
+    value = math.exp(draw.uniform(math.log(low), math.log(high)))
+    if whole:
+        return str(min(max(round(value), math.ceil(low)), math.floor(high)))
+    text = f"{value:.3g}"
+    return text if low <= float(text) <= high else repr(value)
+
+
+def _combinations(axes: dict[str, list[str]]) -> list[dict[str, str]]:
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def _axes(options: list[str], flag: str) -> dict[str, list[str]]:
     """`{key: [raw values]}` from `KEY=V1,V2` options."""
     axes: dict[str, list[str]] = {}
     for option in options:
         key, equals, values = option.partition("=")
         raw = [value.strip() for value in values.split(",")]
         if not equals or not key or not all(raw):
-            raise ValueError(f"{flag} {option!r}: give a config key and its values, e.g. {flag} {example}.")
+            raise ValueError(f"{flag} {option!r}: give a config key and its values, e.g. {flag} "
+                             "optimizer.learning_rate=0.001,0.003.")
         if key in axes:
             raise ValueError(f"{flag} {key}= is given twice: give each key once, with all its values.")
+        twice = sorted({value for value in raw if raw.count(value) > 1})
+        if twice:
+            raise ValueError(f"{flag} {option!r} gives {', '.join(twice)} twice: give each value once.")
         axes[key] = raw
     return axes
 
 
-def sweep_points(args: argparse.Namespace) -> list[dict[str, str]]:
-    """The points the options give (one form of the three)."""
+def _check_distinct(points: list[dict[str, str]], given: str) -> None:
+    names = [point_name(point) for point in points]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"two {given} give the point {twice[0]}: give each point once.")
+
+
+def sweep_points(args: argparse.Namespace, ints: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """The points the options give (one form of the three); `ints`: the config keys
+    whose values are ints (a `--log-uniform` draw of one is rounded)."""
     if args.random is not None:
         if args.point:
             raise ValueError("--point lists points and --random draws them: give one of the two.")
-        return random_points(args.random, args.grid, args.log_uniform, args.seed)
-    if args.log_uniform:
-        raise ValueError("--log-uniform gives a range to draw from: add --random N.")
+        return random_points(args.random, args.grid, args.log_uniform, 0 if args.seed is None else args.seed, ints)
+    if args.log_uniform or args.seed is not None:
+        raise ValueError(f"{'--log-uniform' if args.log_uniform else '--seed'} is for random draws: add --random N.")
     if args.point and args.grid:
         raise ValueError("--grid makes every combination and --point lists points: give one of the two.")
     if not args.point and not args.grid:
@@ -151,12 +195,15 @@ def _sweep(args: argparse.Namespace) -> int:
     from jaxmon._checkpoints.step_dirs import complete_steps
     from jaxmon._cli.runs import plot_workdirs, run_info
     from jaxmon._experiment.config_file import ConfigError, load_config
+    from jaxmon._experiment.keys import check_top_level
 
+    base = load_config(args.config, args.overrides)
+    check_top_level(base)
     try:
         if args.parallel < 1:
             raise ValueError(f"--parallel {args.parallel}: give how many points train at once, at least 1.")
-        points = sweep_points(args)
-        shares = device_shares(args.parallel, _gpu_count())
+        points = sweep_points(args, ints=_int_keys(base, [option.partition("=")[0] for option in args.log_uniform]))
+        shares = device_shares(args.parallel, _visible_gpus() if args.parallel > 1 else [])
     except ValueError as error:
         raise ConfigError(str(error)) from None
     configs = [load_config(args.config, [*args.overrides, *(f"{k}={v}" for k, v in point.items())])
@@ -193,7 +240,7 @@ def _train(args: argparse.Namespace, todo: list[tuple[int, dict[str, str], str]]
     running: dict[int, tuple[subprocess.Popen, dict[str, str], Any]] = {}  # by share
     failed = 0
     queue = list(todo)
-    while queue or running:
+    while running or (queue and not failed):
         while queue and not failed and len(running) < args.parallel:
             i, point, workdir = queue.pop(0)
             share = next(s for s in range(args.parallel) if s not in running)
@@ -214,35 +261,52 @@ def _train(args: argparse.Namespace, todo: list[tuple[int, dict[str, str], str]]
         if log is not None:
             log.close()
         if process.returncode and not failed:
-            failed = process.returncode
+            failed = process.returncode if process.returncode > 0 else 128 - process.returncode  # killed by signal N
             where = "in its train.log" if log is not None else "above"
             print(f"jaxmon sweep: the point {point_name(point)} failed with exit code {failed} (its output is "
                   f"{where}); the same command trains it and the points not finished again.", file=sys.stderr)
     return failed
 
 
-def device_shares(parallel: int, gpus: int) -> list[str | None]:
+def device_shares(parallel: int, gpus: list[str]) -> list[str | None]:
     """Each of `parallel` slots' `CUDA_VISIBLE_DEVICES` (None: left as it is): with several
-    points at once and GPUs, each slot its own `gpus // parallel` of them."""
-    if parallel == 1 or gpus == 0:
+    points at once and `gpus` (the ids this process may use), each slot its own
+    `len(gpus) // parallel` of them."""
+    if parallel == 1 or not gpus:
         return [None] * parallel
-    if parallel > gpus:
-        raise ValueError(f"--parallel {parallel}: this machine has {gpus} GPUs, and points at once do not share "
-                         f"one; give --parallel {gpus} or fewer.")
-    per = gpus // parallel
-    return [",".join(str(gpu) for gpu in range(s * per, (s + 1) * per)) for s in range(parallel)]
+    if parallel > len(gpus):
+        raise ValueError(f"--parallel {parallel}: this machine has {len(gpus)} GPUs, and points at once do not share "
+                         f"one; give --parallel {len(gpus)} or fewer.")
+    per = len(gpus) // parallel
+    return [",".join(gpus[s * per:(s + 1) * per]) for s in range(parallel)]
 
 
-def _gpu_count() -> int:
-    """The GPUs this process may use (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi -L`), without JAX."""
+def _visible_gpus() -> list[str]:
+    """The ids of the GPUs this process may use (`CUDA_VISIBLE_DEVICES`, else those
+    `nvidia-smi -L` lists), without JAX."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([gpu for gpu in visible.split(",") if gpu.strip()])
+        return [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
     try:
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listed.splitlines())
+        return []
+    return [str(i) for i, line in enumerate(line for line in listed.splitlines() if line.startswith("GPU "))]
+
+
+def _int_keys(config: dict[str, Any], keys: list[str]) -> frozenset[str]:
+    """Those of the dotted `keys` whose value in `config` is an int."""
+    ints = set()
+    for key in keys:
+        node: Any = config
+        for part in key.split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, int) and not isinstance(node, bool):
+            ints.add(key)
+    return frozenset(ints)
 
 
 def _wait_any(processes: dict[int, subprocess.Popen]) -> int:
@@ -255,10 +319,11 @@ def _wait_any(processes: dict[int, subprocess.Popen]) -> int:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    keys = list(rows[0]["point"])
+    keys = list(dict.fromkeys(key for row in rows for key in row["point"]))  # listed points may differ in keys
     tags = sorted({tag for row in rows for tag in row["metrics"]})
-    table = [[*keys, *tags]] + [[*row["point"].values(), *(f"{row['metrics'][tag]:.6g}" if tag in row["metrics"]
-                                                             else "-" for tag in tags)] for row in rows]
+    table = [[*keys, *tags]] + [[*(row["point"].get(key, "-") for key in keys),
+                                 *(f"{row['metrics'][tag]:.6g}" if tag in row["metrics"] else "-" for tag in tags)]
+                                for row in rows]
     widths = [max(len(str(line[c])) for line in table) for c in range(len(table[0]))]
     for line in table:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())

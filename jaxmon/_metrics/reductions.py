@@ -5,6 +5,7 @@ runs inside the compiled step (see `Hook.accumulators`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,6 +36,8 @@ def _spec(fetch: Any, owner: str) -> Any:
 def _shown(fetch: Any) -> str:
     """A fetch as a reduction's repr shows it: a callable by its name, the same in
     every process (a checkpoint's windows are matched by these reprs), else `repr`."""
+    if isinstance(fetch, functools.partial):
+        return f"partial({_shown(fetch.func)})"
     if callable(fetch):
         return getattr(fetch, "__qualname__", None) or type(fetch).__qualname__
     return repr(fetch)
@@ -283,7 +286,7 @@ class Then(Reduction):
         return self.fn(self.reduction.result(acc, steps))
 
     def __repr__(self) -> str:
-        return f"{self.reduction!r}.then({getattr(self.fn, '__name__', self.fn)})"
+        return f"{self.reduction!r}.then({_shown(self.fn)})"
 
 
 class FirstNonFinite(Reduction):

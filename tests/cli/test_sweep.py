@@ -38,8 +38,8 @@ def test_the_points_are_every_combination_of_the_grids_values():
 def test_listed_points_are_taken_as_given_and_a_bad_one_names_the_form():
     assert listed_points(["seed=0 optimizer.learning_rate=1e-3", "seed=5"]) == [
         {"seed": "0", "optimizer.learning_rate": "1e-3"}, {"seed": "5"}]
-    for bad, match in ((["seed"], "space-separated"), (["seed=1 seed=2"], "a key twice"),
-                       (["seed=1", "seed=1"], "the same point")):
+    for bad, match in ((["seed"], "space-separated"), (["seed=1 seed=2"], "gives seed twice"),
+                       (["seed=1", "seed=1"], "give the point seed=1")):
         with pytest.raises(ValueError, match=match):
             listed_points(bad)
 
@@ -60,11 +60,24 @@ def test_random_points_are_drawn_from_the_seed_and_the_same_on_a_rerun():
             random_points(*args, seed=0)
 
 
-def test_points_at_once_share_the_gpus_out_and_never_share_one():
-    assert device_shares(1, 8) == [None] and device_shares(2, 0) == [None, None]  # the CPU: processes share it
-    assert device_shares(2, 8) == ["0,1,2,3", "4,5,6,7"] and device_shares(3, 4) == ["0", "1", "2"]
+def test_points_at_once_share_the_visible_gpus_out_and_never_share_one():
+    eight = [str(i) for i in range(8)]
+    assert device_shares(1, eight) == [None] and device_shares(2, []) == [None, None]  # the CPU: processes share it
+    assert device_shares(2, eight) == ["0,1,2,3", "4,5,6,7"] and device_shares(3, eight[:4]) == ["0", "1", "2"]
+    assert device_shares(2, ["4", "5", "6", "7"]) == ["4,5", "6,7"]  # CUDA_VISIBLE_DEVICES=4,5,6,7: those
     with pytest.raises(ValueError, match="--parallel 2 or fewer"):
-        device_shares(3, 2)
+        device_shares(3, ["0", "1"])
+
+
+def test_a_larger_random_draw_keeps_the_points_of_a_smaller_one_and_never_repeats_one():
+    grid, ranges = ["seed=0,1,2,3"], ["optimizer.learning_rate=1e-3,3e-3"]
+    five = random_points(5, grid, ranges, seed=1)
+    assert random_points(3, grid, ranges, seed=1) == five[:3]
+    assert sorted(p["seed"] for p in five[:4]) == ["0", "1", "2", "3"]  # every grid value before one twice
+    many = random_points(60, [], ranges, seed=0)  # 3 significant digits: rounding alone would repeat some
+    assert len({point_name(p) for p in many}) == 60
+    steps = random_points(20, [], ["steps=10,1000"], seed=0, ints=frozenset({"steps"}))
+    assert all(p["steps"].isdigit() and 10 <= int(p["steps"]) <= 1000 for p in steps)
 
 
 @pytest.mark.parametrize("args, line", [
@@ -73,12 +86,31 @@ def test_points_at_once_share_the_gpus_out_and_never_share_one():
     (["--random", "3"], "give at least one"),
     ([], "give the points"),
     (["--grid", "seed=0,1", "--parallel", "0"], "at least 1"),
+    (["--grid", "seed=0,1", "--seed", "3"], "--seed is for random draws: add --random N"),
+    (["--grid", "seed=0,1,0"], "gives 0 twice"),
+    (["--point", "seed=1", "--point", "seed=1"], "the point seed=1"),
 ])
 def test_points_given_in_no_form_or_two_exit_2_with_one_line(tmp_path, args, line):
     done = sweep("--config", DEFAULT, "--workdir", tmp_path / "s", *args)
     out, err = done.communicate(timeout=120)
     assert done.returncode == 2 and len(err.strip().splitlines()) == 1 and line in err, err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_point_that_fails_ends_the_sweep_with_its_code_after_its_neighbours(tmp_path, parallel):
+    done = sweep("--config", DEFAULT, "--workdir", tmp_path, "--parallel", parallel, "--config.steps=30",
+                 "--point", "optimizer.learning_rate=1e30 seed=0", "--point", "optimizer.learning_rate=0.001 seed=0",
+                 "--point", "optimizer.learning_rate=0.001 seed=1")
+    out, err = done.communicate(timeout=600)
+    assert done.returncode == 1, err[-3000:]  # a non-finite loss: `jaxmon train`'s exit 1
+    assert "the point optimizer.learning_rate=1e30,seed=0 failed with exit code 1" in err
+    started = out.count(": training")
+    assert started == parallel and not (tmp_path / "optimizer.learning_rate=0.001,seed=1").exists()
+    if parallel == 2:  # the neighbour trained to its end
+        assert jm.latest_checkpoint_step(tmp_path / "optimizer.learning_rate=0.001,seed=0") == 30
+    assert not (tmp_path / "sweep.json").exists()
 
 
 @pytest.mark.slow

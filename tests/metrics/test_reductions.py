@@ -4,6 +4,7 @@ the windows a checkpoint keeps, read back from real event files and metrics.json
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -317,8 +318,13 @@ def _tokens(state, batch, outputs):
 
 def test_a_reduction_over_a_callable_is_named_the_same_in_every_process():
     # A checkpoint's windows are matched by these names: a function's address would differ after a restart.
+    class Scale:
+        def __call__(self, x):
+            return 2 * x
+
     reductions = [jm.Ratio("loss_sum", _tokens).then(np.exp), jm.Mean(_tokens, weight=_tokens), jm.Sum(_tokens),
-                  jm.FirstNonFinite(_tokens)]
+                  jm.FirstNonFinite(_tokens), jm.Sum(functools.partial(_tokens)).then(Scale())]
     assert [repr(r) for r in reductions] == [
         "Ratio('loss_sum', _tokens).then(exp)", "Mean(_tokens, weight=_tokens)", "Sum(_tokens)",
-        "FirstNonFinite(_tokens)"]
+        "FirstNonFinite(_tokens)",
+        "Sum(partial(_tokens)).then(test_a_reduction_over_a_callable_is_named_the_same_in_every_process.<locals>.Scale)"]
