@@ -37,9 +37,11 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> int:
     from jaxmon._cli import signals as _cli_signals
     from jaxmon._experiment.config_file import load_config
+    from jaxmon._experiment.keys import check_top_level
 
     with _cli_signals.loading():
         config = load_config(args.config, args.overrides)
+        check_top_level(config)  # before JAX loads
         from jaxmon._experiment.preflight import check_experiment
         from jaxmon._processes.launch import connect
     connect()

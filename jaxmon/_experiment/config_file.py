@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import math
 import os
 import runpy
 import sys
@@ -44,6 +45,10 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     if not os.path.isfile(path):
         raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
                           "defining get_config() (e.g. configs/default.py) or a YAML file.")
+    size = os.path.getsize(path)
+    if size > MAX_BYTES:
+        raise ConfigError(f"The config file {path} is {size / 2**20:.1f} MB; a config file is at most "
+                          f"{MAX_BYTES // 2**20} MB. Keep data out of it: give its path (data.source) instead.")
     directory = os.path.dirname(os.path.abspath(path))
     if directory not in sys.path:  # modules next to the config (a data loader, a model) import by name
         sys.path.append(directory)
@@ -51,12 +56,18 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
     config = _plain(config, path)
     if not isinstance(config, dict):
         raise ConfigError(f"The config of {path} must be a dict (or a ConfigDict); got {type(config).__name__}.")
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    for key, value in _leaves(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"Config key {key!r} is {value!r}: a run needs a finite number there. Give a finite "
+                              "float, or None to turn the setting off.")
+    return config
 
 
-#: A config's bounds: how deep it nests and how many values it holds once its YAML
-#: aliases are expanded (a "billion laughs" of a few hundred bytes expands to 10^9).
-MAX_DEPTH, MAX_VALUES = 100, 1_000_000
+#: A config's bounds: its file's size (read whole before it is parsed), how deep it nests
+#: and how many values it holds once its YAML aliases are expanded (a "billion laughs" of
+#: a few hundred bytes expands to 10^9).
+MAX_BYTES, MAX_DEPTH, MAX_VALUES = 10 * 2**20, 100, 1_000_000
 
 
 def _load_python(path: str) -> Any:
@@ -305,6 +316,10 @@ def _coerce(key: str, raw: str, old: Any) -> Any:
     elif isinstance(old, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _non_finite(raw):
+            raise ConfigError(f"Config key {key!r} is a float ({old!r}); the override {raw!r} is not finite, and a "
+                              f"run needs a finite number there. Pass a finite float, e.g. --config.{key}={old!r}, "
+                              "or None to turn the setting off.")
     elif isinstance(old, str):
         return raw if not isinstance(value, str) else value
     elif isinstance(old, (list, tuple)):
@@ -317,6 +332,26 @@ def _coerce(key: str, raw: str, old: Any) -> Any:
         return value
     raise ConfigError(f"Config key {key!r} is {_kind(old)} ({old!r}); the override {raw!r} is "
                       f"{_kind(value)}. Pass {_kind(old)}, e.g. --config.{key}={old!r}.")
+
+
+def _non_finite(text: str) -> bool:
+    """Whether `text` spells a float that is not finite (`nan`, `inf`, `-Infinity`)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """`(dotted key, value)` of every value in `node` that is not a dict or a list."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _leaves(value, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], node
 
 
 def _kind(value: Any) -> str:

@@ -55,6 +55,44 @@ def test_a_yaml_alias_bomb_exits_2_at_once_in_bounded_memory(tmp_path, text, lin
     assert not (tmp_path / "run").exists()
 
 
+def _big_yaml(path):
+    with open(path, "w") as f:  # one long scalar: 100 MB
+        f.write("name: ")
+        for _ in range(100):
+            f.write("a" * 2**20)
+    return "is 100.0 MB; a config file is at most 10 MB"
+
+
+def _typo(path):
+    path.write_text(f"import runpy\n\ndef get_config():\n    config = runpy.run_path({DEFAULT!r})['get_config']()\n"
+                    "    config['sesion'] = config.pop('session')\n    return config\n")
+    return "Unknown config key 'sesion'. Did you mean 'session'?"
+
+
+@pytest.mark.parametrize("make, args", [
+    (_big_yaml, ()),
+    (None, ("--config.optimizer.learning_rate=nan",)),
+    (None, ("--config.optimizer.learning_rate=1e999",)),
+    (_typo, ()),
+], ids=["100-MB-yaml", "nan", "inf", "top-level-typo"])
+def test_a_huge_config_a_non_finite_value_or_a_misspelled_section_exits_2_in_2_s_before_jax_loads(tmp_path, make,
+                                                                                                   args):
+    config = tmp_path / ("big.yaml" if make is _big_yaml else "typo.py")
+    words = make(config) if make else ("optimizer.learning_rate", "finite", "None to turn the setting off")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "jaxmon", "train", "--config",
+                             str(config if make else DEFAULT), "--workdir", str(tmp_path / "run"), *args],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    took = time.monotonic() - start
+    lines = result.stderr.splitlines()
+    imported = [line.rpartition("|")[2].strip() for line in lines if line.startswith("import time")]
+    assert "jaxmon" in imported and "jax" not in imported and "jaxlib" not in imported
+    result.stderr = "\n".join(line for line in lines if not line.startswith("import time"))
+    assert_fails(result, 2, *([words] if isinstance(words, str) else words))
+    assert len(result.stderr.strip().splitlines()) == 1 and took < 2.0, (took, result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, words", [
     ("x: " + "[" * 5000 + "]" * 5000 + "\n", ["line 1, column 103", "nested more than 100 levels deep"]),
     ("".join(" " * i + "a:\n" for i in range(5000)), ["line 100, column 100", "nested more than 100 levels deep"]),

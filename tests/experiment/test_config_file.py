@@ -230,3 +230,32 @@ def test_a_config_may_use_modules_next_to_it_several_steps_per_dispatch_and_hook
     hparams = json.loads((workdir / "hparams.json").read_text())
     assert hparams["optimizer.learning_rate"] == 0.01 and hparams["session.steps_per_dispatch"] == 8
     assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("def get_config():\n    return {'optimizer': {'learning_rate': float('nan')}}\n",
+     "'optimizer.learning_rate' is nan"),
+    ("def get_config():\n    return {'hooks': [{'secs': float('-inf')}]}\n", "'hooks.0.secs' is -inf"),
+], ids=["nan", "inf-in-a-list"])
+def test_a_non_finite_float_in_the_file_is_refused_naming_its_key(tmp_path, text, words):
+    path = tmp_path / "exp.py"
+    path.write_text(text)
+    with pytest.raises(jm.ConfigError, match="a run needs a finite number there") as info:
+        jm.load_config(path)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-Infinity", "1e999"])
+def test_a_non_finite_override_of_a_float_is_refused_naming_the_key_and_a_fix(tmp_path, raw):
+    path = tmp_path / "exp.py"
+    path.write_text("def get_config():\n    return {'optimizer': {'learning_rate': 0.1}}\n")
+    with pytest.raises(jm.ConfigError, match=r"'optimizer.learning_rate'.*finite.*(--config.optimizer.learning_rate="
+                                             r"0.1|None to turn the setting off)"):
+        jm.load_config(path, [f"--config.optimizer.learning_rate={raw}"])
+
+
+def test_a_config_file_over_10_mb_is_refused_before_it_runs(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text("raise SystemExit('ran')\n" + "#" * (10 * 2**20))
+    with pytest.raises(jm.ConfigError, match=r"is 10.0 MB; a config file is at most 10 MB"):
+        jm.load_config(path)
