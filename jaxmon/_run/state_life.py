@@ -87,6 +87,7 @@ class StateLife:
         self.data_rewound = False
         #: The hooks' open windows in the checkpoint restored last (None: start afresh).
         self.windows: dict[str, Any] | None = None
+        self._restored_config: Any = None
 
     def create(self, ready: Callable[[Any, int], None], recovering: BaseException | None = None) -> None:
         """Restores the latest checkpoint or builds a fresh state and passes it to
@@ -148,6 +149,7 @@ class StateLife:
         recovery, where hooks keep their own state as in TF) hook states; returns its
         state."""
         self.restored_step, self.windows = restored.step, restored.meta.get("windows")
+        self._restored_config = restored.meta.get("config")
         position = _data_position(restored.meta, restored.step, self._batches.kind)
         self.data_rewound = self._batches.restore(position, restored.step, recovering is not None)
         if isinstance(recovering, _errors.RollbackError):
@@ -180,6 +182,14 @@ class StateLife:
         fit to save; the first reason is kept."""
         if self.rejected is None:
             self.rejected = reason
+
+    @property
+    def new_config(self) -> bool:
+        """Whether the session's config is news to its run: a fresh start, or a resume
+        whose config differs from the one its checkpoint holds."""
+        if self.restored_step is None:
+            return True
+        return json.dumps(self._config, sort_keys=True) != json.dumps(self._restored_config, sort_keys=True)
 
     def snapshot(self, state: Any, step: int, *, sync: Callable[[], None], peers: Any = None) -> Snapshot | None:
         """What a checkpoint of `state` at `step` holds, or None (logged) when it must

@@ -63,7 +63,8 @@ class MonitoredTrainingSession(MonitoredSession):
       max_wait_secs: accepted for TF's signature. In JAX every process restores the
         same checkpoint together, so no process waits for another to initialise.
       config: a JSON-serialisable dict saved with every checkpoint and, on the chief,
-        written once to TensorBoard as the text summary `config`.
+        written to TensorBoard as the text summary `config` once per run (a resume
+        writes it again only when it changed).
       writers: more writers of what the chief writes to `summary_dir` (an experiment
         tracker's: `jm.MlflowWriter`), on the report thread with the rest; closed with
         the summaries.
@@ -157,11 +158,12 @@ class MonitoredTrainingSession(MonitoredSession):
         super().__init__(step_fn, init_fn, state=state, data=data, hooks=[*standard, *hooks],
                          checkpoint_dir=checkpoint_dir, config=config,
                          stop_grace_period_secs=stop_grace_period_secs, **kwargs)
-        if self.summary_dir is not None and (config is not None or (hparams and self.restored_step is None)):
+        new_config = config is not None and self._life.new_config  # once per run, and after a change
+        if self.summary_dir is not None and (new_config or (hparams and self.restored_step is None)):
             try:
                 if hparams and self.restored_step is None:  # once per run, first: not again on resume
                     self._summary_writer().write_hparams(hparams)
-                if config is not None:
+                if new_config:
                     self.summary_computed({"config": json.dumps(dict(config), indent=2, sort_keys=True, default=str)})
             except BaseException:
                 self._close(clean=False)  # release what the hooks' begin() opened

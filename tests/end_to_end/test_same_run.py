@@ -1,6 +1,7 @@
 """A resumed run is the same run: a training process SIGKILLed after checkpoint N and
 resumed leaves the metrics.jsonl, TensorBoard scalars and text and evaluations of a run
-that was never interrupted, each point once (read back from the real files)."""
+that was never interrupted, each point once, the config's record too (read back from
+the real files)."""
 
 import json
 import signal
@@ -45,7 +46,7 @@ SCRIPT = textwrap.dedent("""
     with jm.MonitoredTrainingSession(step_fn, lambda: jnp.zeros(()), checkpoint_dir=directory,
                                      data=jm.ArrayDataSource({"i": np.arange(64)}, 1, seed=0),
                                      save_checkpoint_steps=10, save_summaries_steps=5, log_step_count_steps=None,
-                                     save_checkpoint_secs=None, hooks=hooks) as sess:
+                                     save_checkpoint_secs=None, hooks=hooks, config={"last_step": last_step}) as sess:
         while not sess.should_stop():
             sess.run()
     print("evaluated", [step for step, _ in evaluate.history], flush=True)
@@ -54,8 +55,8 @@ SCRIPT = textwrap.dedent("""
 LAST_STEP = 40
 
 
-def train(script, directory, slow_after=10**6):
-    result = subprocess.run([sys.executable, str(script), str(directory), str(LAST_STEP), str(slow_after)],
+def train(script, directory, slow_after=10**6, last_step=LAST_STEP):
+    result = subprocess.run([sys.executable, str(script), str(directory), str(last_step), str(slow_after)],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -138,3 +139,18 @@ def test_a_run_killed_after_checkpoint_n_and_resumed_is_the_uninterrupted_run(tm
     assert_same(tensorboard(cut), expected)
     assert expected["note/text_summary", 24] == "state 24"
     assert uninterrupted.splitlines()[-1] == resumed.splitlines()[-1] == "evaluated [6, 12, 18, 24, 30, 36]"
+
+
+def test_a_run_killed_and_resumed_three_times_writes_its_config_once_and_again_when_it_changes(tmp_path):
+    script, cut = tmp_path / "train.py", tmp_path / "cut"
+    script.write_text(SCRIPT)
+    for checkpoint in (10, 20, 30):
+        kill_after_checkpoint(script, cut, checkpoint, checkpoint + 2)
+        assert jm.latest_checkpoint_step(cut) == checkpoint
+    train(script, cut)
+    assert [step for step, tag in jsonl(cut) if tag == "config"] == [0]
+    assert [step for tag, step in tensorboard(cut) if tag == "config/text_summary"] == [0]
+    assert json.loads(jsonl(cut)[0, "config"]) == {"last_step": LAST_STEP}
+    train(script, cut, last_step=LAST_STEP + 4)  # a resume with another config: news, written at its step
+    assert [step for step, tag in jsonl(cut) if tag == "config"] == [0, LAST_STEP]
+    assert json.loads(tensorboard(cut)["config/text_summary", LAST_STEP]) == {"last_step": LAST_STEP + 4}

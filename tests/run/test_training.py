@@ -462,8 +462,10 @@ def test_config_is_saved_in_every_checkpoint_and_written_once_as_text(tmp_path):
     (text,) = texts(read_events(tmp_path), "config")
     assert text[0] == 0 and json.loads(text[1]) == config
     assert [json.loads(line["config"]) for line in jsonl(tmp_path) if "config" in line] == [config]
-    # A restart files it under the step it resumes at.
+    # A restart with the same config is the same run: not again; with another, filed under the step it resumes at.
     restarted(tmp_path, config=config)
+    assert [step for step, _ in texts(read_events(tmp_path), "config")] == [0]
+    restarted(tmp_path, config={**config, "lr": 0.2})
     assert [step for step, _ in texts(read_events(tmp_path), "config")] == [0, 4]
 
 
