@@ -11,10 +11,14 @@ writes it from Orbax's post-finalization callback, once every process's files ar
 final and before the directory is renamed into place: a checkpoint is listed with its
 manifest or not at all. A synchronous save writes it just after the commit.
 
-A checkpoint without a manifest (one written before this existed, by plain Orbax, or
-a synchronous save cut off between its commit and the manifest) restores unchecked.
+A run that seals its checkpoints says so once, in `jaxmon-sealed.json` at the top of its
+checkpoint directory (the first sealed step): from that step on, a checkpoint without a
+readable manifest is refused as a changed one is, so deleting a manifest does not turn
+the check off. A checkpoint without a manifest from before (written by plain Orbax, an
+older jaxmon, or `integrity=False`) restores unchecked, and a restore says so once.
 A file added later is ignored; one changed, shorter, longer or missing, or a manifest
-that cannot be read, refuses the checkpoint (`CheckpointChangedError`).
+that cannot be read, refuses the checkpoint (`CheckpointChangedError`). What a refusal
+says names files, sizes and checksums, never the bytes of a file.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ logger = logging.getLogger("jaxmon")
 
 MANIFEST = "jaxmon-integrity.json"
 FORMAT = "jaxmon-integrity/1"
+#: The checkpoint directory's record that its run seals every checkpoint from a step on.
+SEALED_RUN = "jaxmon-sealed.json"
 #: Files of the step's top directory that Orbax's commit rewrites or adds after the manifest.
 _COMMIT_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
 #: Orbax's temporary name of a step directory until its commit renames it (orbax/checkpoint/
 #: _src/path/atomicity_types.py: TMP_DIR_SUFFIX; older versions added "-<timestamp>").
-_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _CHUNK = 1 << 20
 
 
@@ -100,7 +106,7 @@ def seal_step(directory: str, step: int) -> None:
     """Seals checkpoint `step` of `directory`: in Orbax's temporary directory while the
     commit has not renamed it yet, else the step's own. Never raises: a checkpoint
     that could not be sealed is whole and restores unchecked, which is logged."""
-    pending = sorted(glob.glob(os.path.join(glob.escape(directory), f"{step}{_TMP_SUFFIX}*")))
+    pending = sorted(glob.glob(os.path.join(glob.escape(directory), f"{step}{TMP_SUFFIX}*")))
     step_directory = next((path for path in pending if os.path.isdir(path)), os.path.join(directory, str(step)))
     try:
         seal(step_directory)
@@ -109,16 +115,48 @@ def seal_step(directory: str, step: int) -> None:
                        "(space, permissions).", step, directory, MANIFEST, error)
 
 
-def check(step_directory: str | os.PathLike) -> None:
-    """Raises `CheckpointChangedError` if a file of `step_directory` differs from its manifest
-    (the first such file is named); returns quietly without a manifest."""
-    try:
-        with open(os.path.join(step_directory, MANIFEST)) as file:
-            files = {name: (int(size), int(crc)) for name, (size, crc) in json.load(file)["files"].items()}
-    except FileNotFoundError:
+def mark_sealed(directory: str, step: int) -> None:
+    """Records in `directory` that its checkpoints are sealed from `step` on (once: a
+    record there stands)."""
+    path = os.path.join(directory, SEALED_RUN)
+    if os.path.exists(path):
         return
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointChangedError(step_directory, f"its {MANIFEST} is unreadable ({error!r})") from None
+    with open_file(path + ".tmp", "w", fresh=True) as file:
+        json.dump({"format": FORMAT, "sealed_from": step}, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def sealed_from(directory: str) -> int | None:
+    """The first step `directory`'s run sealed (None: it records none). An unreadable
+    record counts as sealed from step 0: the check fails closed."""
+    try:
+        with open(os.path.join(directory, SEALED_RUN)) as file:
+            return int(json.load(file)["sealed_from"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.warning("%s in %s is unreadable: every checkpoint there must have its %s.", SEALED_RUN, directory,
+                       MANIFEST)
+        return 0
+
+
+def check(step_directory: str | os.PathLike, required: bool = False) -> bool:
+    """Raises `CheckpointChangedError` if a file of `step_directory` differs from its manifest
+    (the first such file is named), or if it has no manifest and one is `required`;
+    returns whether it had one (False: unchecked)."""
+    try:
+        with open(os.path.join(step_directory, MANIFEST), "rb") as file:
+            files = {name: (int(size), int(crc)) for name, (size, crc) in json.loads(file.read())["files"].items()}
+    except FileNotFoundError:
+        if required:
+            raise CheckpointChangedError(step_directory, f"its {MANIFEST} is missing, and its run seals every "
+                                                         "checkpoint") from None
+        return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:  # its words may quote the bytes
+        raise CheckpointChangedError(step_directory, f"its {MANIFEST} is unreadable (not the manifest jaxmon "
+                                                     f"writes: {type(error).__name__})") from None
     for name, (size, recorded) in files.items():
         path = os.path.join(step_directory, name)
         try:
@@ -131,3 +169,20 @@ def check(step_directory: str | os.PathLike) -> None:
         if (actual := crc32(path)) != recorded:
             raise CheckpointChangedError(step_directory, f"{name} changed after it was written (crc32 {actual:08x} "
                                                          f"!= {recorded:08x} recorded)")
+    return True
+
+
+def verify(step_directory: str, required: bool) -> tuple[str, str]:
+    """Re-reads every file of a checkpoint: `("sound", what was read)`, `("changed",
+    what differs)` or `("unsealed", what a restore does with it)`; `required`: its run
+    seals every checkpoint from before its step."""
+    try:
+        sealed = check(step_directory)
+    except CheckpointChangedError as error:
+        return "changed", f"{error.what}: a restore refuses it"
+    if not sealed:
+        return "unsealed", (f"no {MANIFEST}, and its run seals every checkpoint: a restore refuses it" if required
+                            else f"no {MANIFEST} (written without one): it restores unchecked")
+    files = _files(step_directory)
+    size = sum(os.path.getsize(os.path.join(step_directory, name)) for name in files)
+    return "sound", f"{len(files)} files, {size} bytes, each as its {MANIFEST} records"

@@ -102,3 +102,14 @@ class CompleteStepNames:
 
 def _counts(path: Any) -> bool:
     return is_step_name(path.name) and is_complete(os.fspath(path))
+
+
+def unfinished_saves(directory: str | os.PathLike) -> list[str]:
+    """The directories of `directory` that saves left under Orbax's temporary name (a
+    save cut off before its commit renamed the step into place), sorted."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    paths = (os.path.join(directory, name) for name in names if _integrity.TMP_SUFFIX in name)
+    return sorted(path for path in paths if os.path.isdir(path) and not os.path.islink(path))

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 def add_inspect(commands: Any) -> argparse.ArgumentParser:
     """Adds `jaxmon inspect` to `commands` (the main parser's subparsers); returns its parser."""
     inspect = commands.add_parser("inspect", help="a run's checkpoints, latest metrics and config",
-                                  description="List a run's checkpoints (step, size, time; with a saver's "
-                                              "keep_best, each one's best_metric and the best marked), its "
+                                  description="List a run's checkpoints (step, size, time, sealed by an integrity "
+                                              "manifest or not; with a saver's keep_best, each one's "
+                                              "best_metric and the best marked), its "
                                               "latest metrics and the config it was trained with. A line of "
                                               "metrics.jsonl that is no JSON record (a killed writer's last, "
                                               "bytes that are not text) is skipped with a note naming it; "
@@ -27,6 +28,9 @@ def add_inspect(commands: Any) -> argparse.ArgumentParser:
                                               "event file or hparams.json is not a run (exit 2).")
     inspect.add_argument("workdir", metavar="DIR")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    inspect.add_argument("--verify", action="store_true",
+                         help="re-read every file of every checkpoint against its integrity manifest: one line per "
+                              "checkpoint (sound, changed or unsealed); exit 1 unless every one is sound")
     inspect.set_defaults(handler=_inspect)
     return inspect
 
@@ -48,6 +52,8 @@ def add_plot(commands: Any) -> argparse.ArgumentParser:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if args.verify:
+        return _verify(args.workdir, args.json)
     info = run_info(args.workdir)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -58,7 +64,8 @@ def _inspect(args: argparse.Namespace) -> int:
         for item in info["checkpoints"]:
             best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
             mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
-            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {shown(item['time'])}{best}{mark}")
+            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {shown(item['time'])}  "
+                  f"{'sealed' if item['sealed'] else 'unsealed'}{best}{mark}")
     else:
         print("checkpoints: none")
     if info["metrics"]:
@@ -79,6 +86,27 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(workdir: str, as_json: bool) -> int:
+    """`jaxmon inspect --verify`: every checkpoint re-read against its manifest; 1 unless all are sound."""
+    from jaxmon._checkpoints import integrity
+    from jaxmon._checkpoints.step_dirs import complete_steps
+
+    check_run(workdir)
+    sealed_from = integrity.sealed_from(workdir)
+    results = []
+    for step in complete_steps(workdir):
+        required = sealed_from is not None and step >= sealed_from
+        state, what = integrity.verify(os.path.join(workdir, str(step)), required)
+        results.append({"step": step, "state": state, "what": what})
+    if as_json:
+        print(json.dumps({"workdir": workdir, "checkpoints": results}, indent=2))
+    else:
+        print(f"run {shown(workdir)}: {len(results)} checkpoint{'s' if len(results) != 1 else ''} re-read")
+        for result in results:
+            print(f"  step {result['step']:>8}  {result['state']:<8}  {shown(result['what'])}")
+    return 0 if results and all(result["state"] == "sound" for result in results) else 1
+
+
 def _print_goodput(goodput: dict[str, Any] | None) -> None:
     if goodput is None:
         print("goodput: none recorded (no goodput.json: jm.GoodputHook writes it)")
@@ -94,9 +122,10 @@ def _print_goodput(goodput: dict[str, Any] | None) -> None:
 
 
 def run_info(workdir: str) -> dict[str, Any]:
-    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time; with
-    `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
+    """What `jaxmon inspect` shows, as a dict: checkpoints (step, bytes, time, whether a
+    manifest seals it; with `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
     each scalar in metrics.jsonl, and the latest checkpoint's config."""
+    from jaxmon._checkpoints.integrity import MANIFEST
     from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
 
     check_run(workdir)
@@ -106,7 +135,8 @@ def run_info(workdir: str) -> dict[str, Any]:
         meta = read_meta(path) or {}
         when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
             timespec="seconds")
-        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path)})
+        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path),
+                            "sealed": os.path.isfile(os.path.join(path, MANIFEST))})
     _rank_best(checkpoints)
     metrics: dict[str, tuple[int, float]] = {}
     for record in _records(os.path.join(workdir, "metrics.jsonl")):

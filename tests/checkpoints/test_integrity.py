@@ -1,8 +1,9 @@
 """Checkpoint integrity (`jaxmon/_checkpoints/integrity.py`) on real checkpoints: a checkpoint whose
 bytes changed after it was written is refused with one line naming its step and the
 file, the one before it is restored, and the run trains on to the uninterrupted run's
-state bit for bit; `restore_checkpoint` of that step raises. Then the manifest's own
-rules on plain files.
+state bit for bit; `restore_checkpoint` of that step raises; in a run that seals its
+checkpoints, one whose manifest was deleted is refused the same way. Then the manifest's
+own rules on plain files, and `jaxmon train` over a deleted manifest.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import train_on, warnings_of
+from helpers import ROOT, assert_same_checkpoint, kill_once_checkpointed, tiny_config, train_on, warnings_of
 
 import jaxmon as jm
 from jaxmon._checkpoints import integrity as _integrity
@@ -119,13 +123,33 @@ def test_an_unchanged_checkpoint_restores_with_no_warning(tmp_path, caplog, asyn
     sess.close()
 
 
-def test_a_checkpoint_without_a_manifest_restores_unchecked(tmp_path, caplog):
+def test_a_checkpoint_of_an_unsealed_run_restores_unchecked_and_says_so_once(tmp_path, caplog):
     directory = tmp_path / "run"
     train_on(session(directory, 2, async_save=False))
     os.remove(directory / "2" / _integrity.MANIFEST)  # as one written before integrity checks
+    os.remove(directory / _integrity.SEALED_RUN)
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        for _ in range(2):
+            assert jm.restore_checkpoint(directory, like=adam_init()).step == 2
+    assert warnings_of(caplog) == [f"Checkpoint 2 in {directory} has no {_integrity.MANIFEST} (written without one): "
+                                   "it restores unchecked."]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_sealed_run_s_checkpoint_without_its_manifest_is_refused_and_the_one_before_restores(
+        tmp_path, caplog, async_save):
+    directory = tmp_path / "run"
+    train_on(session(directory, 4, async_save=async_save))
+    assert json.loads((directory / _integrity.SEALED_RUN).read_text())["sealed_from"] == 0
+    os.remove(directory / "4" / _integrity.MANIFEST)
+    flip_bytes(largest_file(directory / "4"))  # unchecked, it would restore as a wrong value
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         assert jm.restore_checkpoint(directory, like=adam_init()).step == 2
-    assert warnings_of(caplog) == []
+    (line,) = warnings_of(caplog)
+    assert line == (f"Checkpoint 4 in {directory} is refused: its {_integrity.MANIFEST} is missing, and its run "
+                    "seals every checkpoint; trying the one before it.")
+    with pytest.raises(_integrity.CheckpointChangedError, match="is missing"):
+        jm.restore_checkpoint(directory, step=4, like=adam_init())
 
 
 @pytest.mark.parametrize("async_save", [True, False])
@@ -135,10 +159,11 @@ def test_a_saver_built_with_integrity_off_writes_no_manifest_and_its_checkpoints
     train_on(session(directory, 4, async_save=async_save, integrity=False))
     assert jm.latest_checkpoint_step(directory) == 4
     assert not any(name == _integrity.MANIFEST for _, _, names in os.walk(directory) for name in names)
+    assert not (directory / _integrity.SEALED_RUN).exists()
     flip_bytes(largest_file(directory / "4"))  # nothing to check it against: restored as it is
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         assert jm.restore_checkpoint(directory, like=adam_init()).step == 4
-    assert warnings_of(caplog) == []
+    assert [line.split(" has no ")[0] for line in warnings_of(caplog)] == [f"Checkpoint 4 in {directory}"]
 
 
 # -- the manifest's rules, on plain files ----------------------------------------------------
@@ -175,6 +200,16 @@ def test_a_shorter_or_missing_file_or_an_unreadable_manifest_is_refused(step, ch
     assert error.value.what.startswith(what) and str(error.value).startswith(f"Checkpoint 12 in {step.parent}")
 
 
+@pytest.mark.parametrize("garbled", [b'{"files": {"a": ["SECRET-BYTES", 1]}}', b"\x1b[31mSECRET-BYTES\xff",
+                                     b'{"files": "SECRET-BYTES"}'], ids=["bad-size", "binary", "wrong-shape"])
+def test_a_garbled_manifest_is_refused_in_words_that_quote_none_of_its_bytes(step, garbled):
+    (step / _integrity.MANIFEST).write_bytes(garbled)
+    with pytest.raises(_integrity.CheckpointChangedError) as error:
+        _integrity.check(step)
+    assert error.value.what.startswith(f"its {_integrity.MANIFEST} is unreadable (not the manifest jaxmon writes: ")
+    assert "SECRET" not in str(error.value) and "\x1b" not in str(error.value)
+
+
 def test_sealing_a_step_in_orbaxs_temporary_directory_before_its_commit(tmp_path):
     pending = tmp_path / "8.orbax-checkpoint-tmp"
     pending.mkdir()
@@ -190,3 +225,28 @@ def test_a_step_that_cannot_be_sealed_is_logged_and_the_save_goes_on(tmp_path, c
         _integrity.seal_step(os.fspath(tmp_path), 3)  # no such step directory
     [line] = warnings_of(caplog)
     assert line.startswith(f"Checkpoint 3 in {tmp_path} is saved without its {_integrity.MANIFEST}")
+
+
+# -- jaxmon train over a checkpoint whose manifest was deleted ---------------------------------
+
+
+def test_a_run_whose_newest_manifest_was_deleted_and_a_byte_flipped_resumes_from_the_one_before_bit_equal(
+        tmp_path):
+    config = tiny_config(tmp_path, steps=60, sleep=0.03)
+    command = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir"]
+    whole = subprocess.run([*command, str(tmp_path / "whole")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    workdir = tmp_path / "run"
+    code, _, _ = kill_once_checkpointed([*command, str(workdir)], workdir, 40)
+    assert code == -signal.SIGKILL and jm.latest_checkpoint_step(workdir) == 40
+    os.remove(workdir / "40" / _integrity.MANIFEST)
+    flip_bytes(largest_file(workdir / "40"))
+    again = subprocess.run([*command, str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    output = again.stdout + again.stderr
+    refused = [line for line in output.splitlines() if "refused" in line]
+    assert len(refused) == 1 and f"Checkpoint 40 in {workdir} is refused: its {_integrity.MANIFEST} is missing" \
+        in refused[0], output[-3000:]
+    assert "Resumed from step 20" in output
+    assert_same_checkpoint(workdir, tmp_path / "whole", 60)

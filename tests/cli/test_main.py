@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -246,6 +247,33 @@ def test_inspect_lists_checkpoints_metrics_and_config(run):
     assert [c["step"] for c in info["checkpoints"]] == [500, 1000, 1500]
     assert all(c["bytes"] > 10_000 for c in info["checkpoints"])
     assert info["metrics"]["eval/accuracy"][0] == 1500 and info["config"] == jm.load_config(DEFAULT)
+
+
+def test_inspect_verify_finds_the_changed_and_the_unsealed_checkpoints_and_exits_1(run, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(run[0], workdir)
+    assert jaxmon("inspect", workdir, "--verify").returncode == 0
+    assert re.findall(r"(sealed|unsealed)$", jaxmon("inspect", workdir).stdout, re.M) == ["sealed"] * 3
+    data = max((p for p in (workdir / "1000").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(data, "r+b") as f:  # one flipped byte
+        f.seek(data.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.remove(workdir / "1500" / "jaxmon-integrity.json")
+    result = jaxmon("inspect", workdir, "--verify")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"run {workdir}: 3 checkpoints re-read"
+    assert re.fullmatch(r"  step +500  sound +\d+ files, \d+ bytes, each as its jaxmon-integrity.json records",
+                        lines[1]), lines[1]
+    name = re.escape(str(data.relative_to(workdir / "1000")))
+    assert re.fullmatch(rf"  step +1000  changed +{name} changed after it was written \(crc32 [0-9a-f]{{8}} != "
+                        r"[0-9a-f]{8} recorded\): a restore refuses it", lines[2]), lines[2]
+    assert lines[3] == ("  step     1500  unsealed  no jaxmon-integrity.json, and its run seals every checkpoint: a "
+                        "restore refuses it")
+    verdicts = json.loads(jaxmon("inspect", workdir, "--verify", "--json").stdout)["checkpoints"]
+    assert [v["state"] for v in verdicts] == ["sound", "changed", "unsealed"]
 
 
 def test_inspect_of_a_missing_directory_is_a_clear_error(tmp_path):

@@ -223,12 +223,20 @@ def state_files(directory, step):
 
 
 def break_checkpoint(directory, step):
-    """Cuts the step's state files short, and drops its integrity manifest: what Orbax
-    itself fails to read (tests/checkpoints/test_integrity.py has the refusal by the manifest)."""
+    """Cuts the step's state files short in a run that seals none: what Orbax itself fails
+    to read (tests/checkpoints/test_integrity.py has the refusal by the manifest)."""
     for path in state_files(directory, step):
         with open(path, "r+b") as f:
             f.truncate(5)
+    unseal(directory, step)
+
+
+def unseal(directory, step):
+    """Checkpoint `step` as a run written before integrity checks left it: no manifest,
+    and no record that the run seals its checkpoints."""
     os.remove(os.path.join(directory, str(step), _integrity.MANIFEST))
+    if os.path.exists(os.path.join(directory, _integrity.SEALED_RUN)):
+        os.remove(os.path.join(directory, _integrity.SEALED_RUN))
 
 
 def assert_state(state, plus):
@@ -240,7 +248,7 @@ def assert_state(state, plus):
 # -- 3, 4: unfinished and broken checkpoints ----------------------------------------------------
 
 
-def test_a_checkpoint_cut_off_mid_write_is_never_loaded(tmp_path):
+def test_a_checkpoint_cut_off_mid_write_is_never_loaded_and_the_next_writer_removes_it(tmp_path, caplog):
     directory = tmp_path / "run"
     train(directory, 4)
     assert complete_steps(directory) == [0, 2, 4]
@@ -258,9 +266,17 @@ def test_a_checkpoint_cut_off_mid_write_is_never_loaded(tmp_path):
         assert_state(sess.state, 4)
     assert jm.restore_checkpoint(directory).step == 4
 
-    # Training on through those step numbers saves real checkpoints there.
-    sess = train(directory, 8)
+    assert (directory / "9.orbax-checkpoint-tmp").is_dir()  # a reader leaves them: a writer may be saving
+
+    # The next writer holds the directory: the saves left there are a dead run's, and go; then training on
+    # through those step numbers saves real checkpoints there.
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        sess = train(directory, 8)
     assert sess.step == 8 and jm.latest_checkpoint_step(directory) == 8
+    assert not list(directory.glob("*.orbax-checkpoint-tmp*"))
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
+    assert removed == ["Removed 2 unfinished saves of a run that ended during them (6.orbax-checkpoint-tmp-1712345678, "
+                       "9.orbax-checkpoint-tmp: 0.0 MB)."]
     restored = jm.restore_checkpoint(directory, like=init_fn())
     assert restored.step == 8
     assert_state(restored.state, 8)
@@ -810,7 +826,7 @@ def test_hook_states_saved_under_position_keys_are_still_restored(tmp_path):
     meta = json.loads(step_dir.read_text())
     meta["hooks"] = {"1:StopAtStepHook": {"last_step": 4}}
     step_dir.write_text(json.dumps(meta))
-    os.remove(directory / "4" / _integrity.MANIFEST)  # as written then: no manifest, restored unchecked
+    unseal(directory, 4)  # as written then: no manifest, restored unchecked
     stop = jm.StopAtStepHook(num_steps=100)  # would train on to 104 without its saved state
     with jm.MonitoredSession(add_one, init_fn, hooks=[jm.CheckpointSaverHook(directory, save_steps=4), stop]) as sess:
         assert sess.restored_step == 4
