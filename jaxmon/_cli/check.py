@@ -20,6 +20,17 @@ the devices you will train on (with the same XLA_FLAGS, on every host).
 
   jaxmon check --config configs/lm.py
   XLA_FLAGS=--xla_force_host_platform_device_count=8 jaxmon check --config configs/lm_fsdp.py
+
+With --resume it proves instead that the config's run resumes as one run: it trains
+--steps steps three times, as real `jaxmon train` processes: whole; cut by SIGKILL
+once its middle checkpoint is complete; and resumed from there (--processes N for
+both, --resume-processes M for the resume). It then compares the final state (bit for
+bit), every metrics.jsonl value (timings aside) and the checkpoints kept, printing one
+line per difference, or that there is none (exit 1 if any). The runs go into --workdir
+(default: a new temporary directory).
+
+  jaxmon check --resume --config configs/default.py
+  jaxmon check --resume --config configs/default.py --processes 2 --resume-processes 1
 """
 
 
@@ -27,17 +38,38 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
     """Adds `jaxmon check` to `commands` (the main parser's subparsers)."""
     check = commands.add_parser("check", help="a config's preflight: parameters, mesh, shardings, memory",
                                 description=_CHECK, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="jaxmon check --config FILE [--json] [--config.KEY=VALUE ...]")
+                                usage="jaxmon check --config FILE [--json] [--resume [--steps N] [--processes N] "
+                                      "[--resume-processes M] [--workdir DIR]] [--config.KEY=VALUE ...]")
     check.add_argument("--config", required=True, metavar="FILE", help="the experiment's config file")
     check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    check.add_argument("--resume", action="store_true",
+                       help="prove that a run cut by SIGKILL and resumed is the run never cut")
+    check.add_argument("--steps", type=int, default=20, metavar="N", help="with --resume: steps per run (20)")
+    check.add_argument("--processes", type=int, default=1, metavar="N",
+                       help="with --resume: JAX processes of each run on this machine (1)")
+    check.add_argument("--resume-processes", type=int, default=None, metavar="M",
+                       help="with --resume: JAX processes of the resumed run (default: --processes)")
+    check.add_argument("--workdir", default=None, metavar="DIR", help="with --resume: where the runs go")
     check.set_defaults(handler=_check, takes_overrides=True)
     return check
 
 
 def _check(args: argparse.Namespace) -> int:
     from jaxmon._cli import signals as _cli_signals
-    from jaxmon._experiment.config_file import load_config
+    from jaxmon._experiment.config_file import ConfigError, load_config
     from jaxmon._experiment.keys import check_top_level
+
+    if args.resume:
+        from jaxmon._cli.resume_check import check_resume
+
+        for name in ("processes", "resume_processes"):
+            count = getattr(args, name)
+            if count is not None and count < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {count}: give a number of processes, at least 1.")
+        return check_resume(args.config, args.overrides, steps=args.steps, processes=args.processes,
+                            resume_processes=args.resume_processes, workdir=args.workdir)
+    if args.steps != 20 or args.processes != 1 or args.resume_processes is not None or args.workdir is not None:
+        raise ConfigError("--steps, --processes, --resume-processes and --workdir are options of --resume: add it.")
 
     with _cli_signals.loading():
         config = load_config(args.config, args.overrides)

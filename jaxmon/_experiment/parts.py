@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -53,7 +54,7 @@ def parts_of(config: Mapping[str, Any]) -> Parts:
     data = load_data(config)
     task_name = config.get("task", "classification")
     context = tasks.TaskContext(config, _model(config), _optimizer(config), seed,
-                                {key: np.asarray(value[:2]) for key, value in data.train.items()}, mesh)
+                                dict(data.example), mesh)
     task = tasks.task_of(task_name)(context)
     task_init = init_fn = _naming_the_model(task.init_fn, config)
     layout = None
@@ -118,15 +119,19 @@ def _negative(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """The `data` section, loaded: the train and eval splits and how to batch them."""
+    """The `data` section, loaded: the train and eval splits and how to batch them. The
+    train split is arrays (batched here), or the batches `data.source` gives itself (an
+    iterator, resumed exactly when it has `get_state`/`set_state`); `example` holds the
+    first two rows of either."""
 
-    train: Mapping[str, Any]
+    train: Mapping[str, Any] | Iterator[Any]
     evaluation: Mapping[str, Any]
     batch_size: Any
     eval_split: Any
     eval_batch_size: int | None
     loader: str
     worker_count: int
+    example: Mapping[str, np.ndarray]
 
 
 def load_data(config: Mapping[str, Any]) -> Data:
@@ -141,14 +146,38 @@ def load_data(config: Mapping[str, Any]) -> Data:
         raise ConfigError(f"data.loader={loader!r}: give 'arrays' (jm.ArrayDataSource) or 'grain'.")
     if not isinstance(worker_count, int) or isinstance(worker_count, bool) or worker_count < 0:
         raise ConfigError(f"data.worker_count={worker_count!r}: give a number of grain worker processes >= 0.")
-    return Data(source("train", **data), source(eval_split, **data), batch_size, eval_split, eval_batch_size,
-                 loader, worker_count)
+    train, first = _train_split(source("train", **data))
+    return Data(train, source(eval_split, **data), batch_size, eval_split, eval_batch_size, loader, worker_count,
+                {key: np.asarray(value[:2]) for key, value in first.items()})
+
+
+def _train_split(train: Any) -> tuple[Any, Mapping[str, Any]]:
+    """The train split as `data.source` gave it, and its first rows' source: the arrays, or
+    the first batch of an iterator of batches (taken back: its position set back, or the
+    batch put in front again)."""
+    if isinstance(train, Mapping):
+        return train, train
+    if not isinstance(train, Iterable):
+        raise ConfigError(f"data.source gave {type(train).__name__} for the train split; give arrays {{'x': ..., "
+                          "'y': ...}, or an iterator of such batches.")
+    train = iter(train)
+    resumable = callable(getattr(train, "get_state", None)) and callable(getattr(train, "set_state", None))
+    position = train.get_state() if resumable else None
+    first = next(train, None)
+    if not isinstance(first, Mapping):
+        raise ConfigError(f"data.source's train batches must be dicts of arrays; its first is {first!r:.80}.")
+    if resumable:
+        train.set_state(position)
+        return train, first
+    return itertools.chain([first], train), first
 
 
 def train_data(data: Data, seed: int) -> Any:
     """The training batches, reshuffled each epoch, resumable exactly. With several
     processes each reads its own part of every global batch; the position counts global
     batches, so a resume on another number of processes sees the same global batches."""
+    if not isinstance(data.train, Mapping):  # the source's own batches, each process's as it gives them
+        return data.train
     count = jax.process_count()
     if data.batch_size % count:
         raise ConfigError(f"data.batch_size={data.batch_size} does not divide among {count} JAX processes (each "

@@ -37,7 +37,7 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
     rows = _rows(parts, abstract)
     params = getattr(abstract, "params", abstract)
     batch = {key: jax.ShapeDtypeStruct((parts.data.batch_size, *np.shape(value)[1:]), np.asarray(value).dtype)
-             for key, value in parts.data.train.items()}
+             for key, value in parts.data.example.items()}
     steps_per_dispatch = session_args_of(config).get("steps_per_dispatch", 1)
     programs = _programs(parts, abstract, batch, steps_per_dispatch if isinstance(steps_per_dispatch, int) else 1)
     compile_secs, memory = programs[0]["compile_secs"], programs[0]["memory_per_device"]

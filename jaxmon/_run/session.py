@@ -48,23 +48,20 @@ class MonitoredSession:
     fetch, then every `after_run`. A run in which nobody reads anything never waits for the device.
 
     Args:
-      step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure and jittable; `outputs` is a dict of arrays
-        (loss, metrics). Do not jit it yourself.
-      init_fn: `init_fn() -> state`, called at creation and to re-create the state after a recoverable error. Give
-        exactly one of `init_fn` and `state`.
+      step_fn: `step_fn(state, batch) -> (new_state, outputs)`, pure, jittable, not jitted; outputs: {name: array}.
+      init_fn: `init_fn() -> state`, called at creation and on recovery; give exactly one of `init_fn` and `state`.
       state: the initial state itself (it is donated to the first step).
       data: an iterable of batches; `run()` without a batch takes the next one; its end ends the session.
       hooks: `Hook` instances, called in list order.
       donate_state: donate the state's buffers to the step (a previous state's arrays die).
       initial_step: the step number a hand-restored initial state has completed.
-      max_recoveries: how many times one `run()` (or the creation) re-creates the state and retries after
-        `AbortedError`/`UnavailableError` (TF: forever).
+      max_recoveries: retries of one `run()` (or the creation) after `AbortedError`/`UnavailableError` (TF: forever).
       checkpoint_dir: restore the latest complete checkpoint here (state, step, data position, hooks' states) at
         creation and after a recoverable error, else call `init_fn`. Default: the first saver hook's directory.
       warm_start: fresh starts only: a checkpoint whose leaves replace the fresh state's, or `fn(state) -> state`.
       config: a JSON-serialisable dict saved in every checkpoint's metadata.
       stop_grace_period_secs: the longest `close()` may wait for checkpoint writes.
-      handle_sigterm: on SIGTERM, or Ctrl-C inside `with`, save at the next step boundary and stop.
+      handle_sigterm: on SIGTERM or SIGHUP, or Ctrl-C inside `with`, save at the next step boundary and stop.
       mesh: a `jax.sharding.Mesh` the state and batches are placed on (see docs/processes.md, "Scaling out").
       state_sharding: None (leaves keep init_fn's NamedSharding on `mesh`, else replicated), a PartitionSpec,
         a prefix pytree of them, or `fn(abstract_state)`; batch_sharding: the same for one step's batch.
@@ -74,8 +71,7 @@ class MonitoredSession:
       prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
       agree_every_n_steps: with several JAX processes, the most steps between two agreements (docs/processes.md).
       debug_host_syncs: the data or an every-run hook reading a device value raises (docs/operations.md).
-      watchdog_secs: no step in this long ends the process (exit 76; docs/operations.md); watchdog_startup_secs:
-        the same before the first step, while compiling and while closing.
+      watchdog_secs: no step in this long ends the process, exit 76 (watchdog_startup_secs: at start and close).
 
     Example:
       >>> import jax.numpy as jnp, jaxmon as jm
@@ -293,8 +289,7 @@ class MonitoredSession:
 
     @property
     def preemption_signal(self) -> int | None:
-        """The signal that asked to save and stop (SIGTERM for `request_preemption()` and
-        JAX's preemption sync point); None while none did."""
+        """The signal that asked to save and stop (SIGTERM for `request_preemption()`), or None."""
         return self._preemption.signal
 
     def request_preemption(self) -> None:
@@ -368,8 +363,7 @@ class MonitoredSession:
 
     @property
     def compile_count(self) -> int:
-        """How many times the step was compiled: once per fetch set (and, off CPU, per run
-        length; again if shapes change), ahead of time included (reading it waits for those)."""
+        """How many times the step was compiled (per fetch set, run length off CPU, shapes; waits for those ahead)."""
         return self._dispatch.compile_count
 
 

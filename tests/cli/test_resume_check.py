@@ -1,0 +1,83 @@
+"""`jaxmon check --resume` on real runs: the default config resumes as one run (on the same
+and on another number of processes); data without a position is said in one line."""
+
+import subprocess
+import sys
+
+import pytest
+from helpers import DEFAULT, ROOT, cpu_env
+
+from jaxmon._cli.resume_check import HELD
+
+HEADER = "jaxmon check --resume: 20 steps of "
+
+PLAIN_GENERATOR = '''
+import jaxmon as jm
+
+
+def load(split, **kwargs):
+    arrays = jm.datasets.digits(split)
+    if split != "train":
+        return arrays
+
+    def batches():  # a plain generator: no position to resume from
+        for i in range(0, 10**6, 32):
+            yield {key: value[i % 1000:i % 1000 + 32] for key, value in arrays.items()}
+    return batches()
+'''
+
+GENERATOR_CONFIG = f'''
+import runpy
+
+
+def get_config():
+    config = runpy.run_path({DEFAULT!r})["get_config"]()
+    config["data"] = {{"source": "plain_data:load", "batch_size": 32}}
+    return config
+'''
+
+
+def check_resume(*args):
+    return subprocess.run([sys.executable, "-m", "jaxmon", "check", "--resume", *map(str, args)], cwd=ROOT,
+                          env=cpu_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_the_default_config_cut_by_sigkill_and_resumed_is_the_whole_run(tmp_path):
+    result = check_resume("--config", DEFAULT, "--workdir", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    header, verdict = result.stdout.strip().splitlines()
+    assert header == (f"{HEADER}{DEFAULT} in {tmp_path}: whole, then cut by SIGKILL after checkpoint 10 and resumed")
+    assert verdict.startswith("No difference: the state of step 20 (bit for bit), every metrics.jsonl value")
+    held = (tmp_path / "cut" / HELD).read_text()  # the cut run held past its checkpoint, until its SIGKILL
+    assert held.startswith("held after step ") and int(held.split()[-1]) > 10
+
+
+def test_data_without_a_position_is_the_one_line_it_reports(tmp_path):
+    (tmp_path / "plain_data.py").write_text(PLAIN_GENERATOR)
+    (tmp_path / "generator.py").write_text(GENERATOR_CONFIG)
+    result = check_resume("--config", tmp_path / "generator.py", "--workdir", tmp_path / "runs")
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    header, line = result.stdout.strip().splitlines()
+    assert header.startswith(HEADER)
+    assert line.startswith("data: the training data has no position (its iterator has no get_state()/set_state()), "
+                           "so the resumed run read other batches from step 11 on than the whole run; give it one")
+    assert line.endswith("other values differ")
+
+
+@pytest.mark.slow
+def test_a_run_of_two_processes_resumed_on_one_is_the_whole_run_to_float_rounding(tmp_path):
+    result = check_resume("--config", DEFAULT, "--workdir", tmp_path, "--processes", 2, "--resume-processes", 1)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    header, verdict = result.stdout.strip().splitlines()
+    assert header.endswith("resumed on 1 process")
+    assert verdict.startswith("No difference: the state of step 20 (to rel. 1e-05: on another number of processes")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--steps", "1"], "--steps 1: the check cuts the run at a checkpoint between its first and last step; give 2 "
+                       "or more"),
+    (["--processes", "0"], "--processes 0: give a number of processes, at least 1"),
+])
+def test_a_bad_option_exits_2_in_one_line(tmp_path, args, words):
+    result = check_resume("--config", DEFAULT, "--workdir", tmp_path, *args)
+    assert result.returncode == 2 and result.stderr.strip() == f"jaxmon check: {words}.", result.stderr
