@@ -283,6 +283,46 @@ def test_a_checkpoint_cut_off_mid_write_is_never_loaded_and_the_next_writer_remo
     assert_state(jm.restore_checkpoint(directory, step=6, like=init_fn()).state, 6)
 
 
+BIG_SAVER = textwrap.dedent("""
+    import sys
+    import jax.numpy as jnp
+    import jaxmon as jm
+
+    def step_fn(state, batch):  # 256 MB of state: a save long enough to be cut off
+        return {"w": state["w"] + 1.0}, {}
+
+    with jm.MonitoredSession(step_fn, lambda: {"w": jnp.zeros((64, 2**20))},
+                             hooks=[jm.CheckpointSaverHook(sys.argv[1], save_steps=1)]) as sess:
+        while not sess.should_stop():
+            sess.run({})
+""")
+
+
+def test_a_save_killed_midway_leaves_a_temporary_directory_that_the_next_start_removes(tmp_path, caplog):
+    script, directory = tmp_path / "saver.py", tmp_path / "run"
+    script.write_text(BIG_SAVER)
+    process = subprocess.Popen([sys.executable, str(script), str(directory)], env=CHILD_ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in directory.glob("*.orbax-checkpoint-tmp*") if p.is_dir() and any(p.rglob("*"))]:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        process.send_signal(signal.SIGKILL)  # a save under way: its files in Orbax's temporary directory
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    (leftover,) = [p.name for p in directory.glob("*.orbax-checkpoint-tmp*")]
+    writer = jm.CheckpointSaverHook(directory, save_steps=1)  # the next writer to take the directory
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        writer.begin()
+    writer.close()
+    assert not list(directory.glob("*.orbax-checkpoint-tmp*"))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed ")]
+    assert re.fullmatch(rf"Removed 1 unfinished save of a run that ended during it \({re.escape(leftover)}: "
+                        r"[\d.]+ MB\)\.", line), line
+
+
 def test_a_broken_latest_checkpoint_is_reported_and_the_one_before_is_used(tmp_path, caplog):
     directory = tmp_path / "run"
     train(directory, 4)
