@@ -87,6 +87,7 @@ def seal(step_directory: str | os.PathLike) -> None:
       >>> step = pathlib.Path(tempfile.mkdtemp(), "7")
       >>> step.mkdir(); _ = (step / "data").write_bytes(b"checkpoint")
       >>> seal(step); check(step)
+      True
       >>> _ = (step / "data").write_bytes(b"Checkpoint")
       >>> check(step)  # doctest: +ELLIPSIS
       Traceback (most recent call last):
@@ -105,14 +106,15 @@ def seal(step_directory: str | os.PathLike) -> None:
 def seal_step(directory: str, step: int) -> None:
     """Seals checkpoint `step` of `directory`: in Orbax's temporary directory while the
     commit has not renamed it yet, else the step's own. Never raises: a checkpoint
-    that could not be sealed is whole and restores unchecked, which is logged."""
+    that could not be sealed is logged, and a restore refuses it (its run seals every
+    checkpoint): the one before it restores."""
     pending = sorted(glob.glob(os.path.join(glob.escape(directory), f"{step}{TMP_SUFFIX}*")))
     step_directory = next((path for path in pending if os.path.isdir(path)), os.path.join(directory, str(step)))
     try:
         seal(step_directory)
     except Exception as error:  # in Orbax's commit thread: a failure here must not fail the save
-        logger.warning("Checkpoint %d in %s is saved without its %s (%r): it will restore unchecked. Check the disk "
-                       "(space, permissions).", step, directory, MANIFEST, error)
+        logger.warning("Checkpoint %d in %s is saved without its %s (%r): a restore will refuse it and take the one "
+                       "before. Check the disk (space, permissions).", step, directory, MANIFEST, error)
 
 
 def mark_sealed(directory: str, step: int) -> None:

@@ -120,8 +120,12 @@ def test_a_copy_left_by_a_dead_process_is_removed_at_the_next_start(tmp_path):
 
 
 def break_data(step_directory):
-    """Breaks a checkpoint where its integrity manifest cannot tell: the manifest goes too."""
+    """Breaks a checkpoint where its integrity manifest cannot tell: the manifest goes too, and
+    the run's record that it seals its checkpoints (as a run written before integrity checks)."""
     os.remove(os.path.join(step_directory, "jaxmon-integrity.json"))
+    sealed = os.path.join(os.path.dirname(step_directory), "jaxmon-sealed.json")
+    if os.path.exists(sealed):
+        os.remove(sealed)
     for name in os.listdir(os.path.join(step_directory, "state", "d")):
         os.remove(os.path.join(step_directory, "state", "d", name))
 
