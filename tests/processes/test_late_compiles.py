@@ -9,7 +9,7 @@ Now every process waits for the others to have compiled the session's first prog
 before running it (a barrier of JAX's coordination service).
 
 `jaxmon train --processes 2` (two CPU devices each) on `helpers.tiny_config`, whose
-`LateCompiles` hook makes process 1's first compile of the named programs 45 s late.
+`LateCompiles` hook makes process 1's first compile of the named programs 35 s late.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from helpers import ROOT, cpu_env, tiny_config
 
 import jaxmon as jm
 
-LATE = "45"
+LATE = "35"  # past gloo's 30 s
 RESULT = re.compile(r"step (\d+): test accuracy ([\d.]+), loss ([\d.]+)  \((.+)\)")
 WAITED = re.compile(r"Waited (\d+\.\d) s for the other processes to compile the step\.")
 
@@ -78,9 +78,9 @@ def _params(workdir: Path) -> list[np.ndarray]:
 
 @pytest.mark.processes
 @pytest.mark.slow
-def test_process_1_45_s_late_at_its_first_step_evaluation_and_run_length_still_trains_to_the_end(tmp_path):
+def test_process_1_35_s_late_at_its_first_step_evaluation_and_run_length_still_trains_to_the_end(tmp_path):
     """The first step's program, the first evaluation's and the program of the first run of
-    two steps (one program per run length, the accelerators' choice): each compiled 45 s
+    two steps (one program per run length, the accelerators' choice): each compiled 35 s
     after process 0 has it."""
     workdir = tmp_path / "run"
     config = tiny_config(tmp_path, steps=40, late_compiles=True, session='"steps_per_dispatch": 2, "scan_unroll": 1')
@@ -91,7 +91,7 @@ def test_process_1_45_s_late_at_its_first_step_evaluation_and_run_length_still_t
     log = (workdir / "process-1.log").read_text()
     assert log.count(f"LateCompiles: jit_variant {LATE} s late") == 2, log[-3000:]
     assert log.count(f"LateCompiles: jit__traced {LATE} s late") == 1, log[-3000:]
-    assert float(WAITED.search(out + err)[1]) >= 40, out + err  # process 0 waited for the first step's compile
+    assert float(WAITED.search(out + err)[1]) >= 30, out + err  # process 0 waited for the first step's compile
     assert jm.latest_checkpoint_step(workdir) == 40
 
 
@@ -101,7 +101,7 @@ def test_process_1_45_s_late_at_its_first_step_evaluation_and_run_length_still_t
 def test_a_rerun_after_a_sigkill_resumes_exactly_though_only_process_0_finds_its_programs_in_the_cache(tmp_path):
     """The trial's false PeerError: process 1 SIGKILLed after checkpoint 20, then the same
     command again, with the workdir's compilation cache on: process 0 finds its step in
-    the cache, process 1 compiles it (45 s late). The rerun ends as an uninterrupted run."""
+    the cache, process 1 compiles it (35 s late). The rerun ends as an uninterrupted run."""
     reference = tmp_path / "reference"
     reference.mkdir()
     out, err = _finish(_launch(tiny_config(reference, steps=60, late_compiles=True), reference / "run"))
@@ -128,7 +128,7 @@ def test_a_rerun_after_a_sigkill_resumes_exactly_though_only_process_0_finds_its
     out, err = _finish(rerun)
     assert rerun.returncode == 0, err[-3000:]
     assert f"Resumed from step {saved} in {workdir}; training on to step 60." in out, out[-2000:]
-    assert float(WAITED.search(out + err)[1]) >= 40, out + err  # process 0 had its step from the cache
+    assert float(WAITED.search(out + err)[1]) >= 30, out + err  # process 0 had its step from the cache
     assert f"LateCompiles: jit_variant {LATE} s late" in (workdir / "process-1.log").read_text()
     for got, want in zip(_params(workdir), _params(reference / "run"), strict=True):
         np.testing.assert_array_equal(got, want)
