@@ -144,6 +144,13 @@ def sealed_from(directory: str) -> int | None:
         return 0
 
 
+def manifest_required(directory: str, step: int) -> bool:
+    """Whether checkpoint `step` of `directory` must have a manifest: its run sealed every
+    checkpoint from that step or before."""
+    first = sealed_from(directory)
+    return first is not None and step >= first
+
+
 def check(step_directory: str | os.PathLike, required: bool = False) -> bool:
     """Raises `CheckpointChangedError` if a file of `step_directory` differs from its manifest
     (the first such file is named), or if it has no manifest and one is `required`;

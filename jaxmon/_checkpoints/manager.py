@@ -22,7 +22,6 @@ import json
 import logging
 import operator
 import os
-import shutil
 import socket
 import threading
 import time
@@ -38,7 +37,13 @@ from orbax.checkpoint import checkpoint_managers as policies
 from jaxmon._base.paths import open_fd
 from jaxmon._checkpoints import integrity as _integrity
 from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
-from jaxmon._checkpoints.step_dirs import CompleteStepNames, complete_steps, is_complete, is_step_name, unfinished_saves
+from jaxmon._checkpoints.step_dirs import (
+    CompleteStepNames,
+    complete_steps,
+    is_complete,
+    is_step_name,
+    remove_unfinished_saves,
+)
 from jaxmon._ops import failures
 
 logger = logging.getLogger("jaxmon")
@@ -125,7 +130,7 @@ class Checkpoints:
             os.makedirs(self.directory, exist_ok=True)
             if jax.process_index() == 0:
                 self._lock_fd = _lock(self.directory)
-                _remove_unfinished_saves(self.directory)  # held: no live run writes them
+                remove_unfinished_saves(self.directory)  # held: no live run writes them
         keep: list[Any] = [policies.LatestN(max_to_keep)]  # the latest is never deleted
         if keep_period is not None:
             keep.append(policies.EveryNSteps(keep_period))
@@ -289,8 +294,7 @@ class Checkpoints:
         return sorted(self._manager.all_steps())
 
     def restore(self, step: int, like: Any) -> Restored:
-        sealed_from = _integrity.sealed_from(self.directory)
-        required = sealed_from is not None and step >= sealed_from
+        required = _integrity.manifest_required(self.directory, step)
         if not _integrity.check(os.path.join(self.directory, str(step)), required):  # raises CheckpointChangedError
             _say_unsealed(self.directory, step)
         if like is None:
@@ -388,21 +392,6 @@ class _Pending:
 
 class DirectoryInUseError(RuntimeError):
     """Another run holds the writer's lock of a checkpoint directory."""
-
-
-def _remove_unfinished_saves(directory: str) -> None:
-    """Removes the saves of dead runs that never reached their commit (their temporary
-    directories), saying what and how many bytes."""
-    leftovers = unfinished_saves(directory)
-    if not leftovers:
-        return
-    sizes = [sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
-             for path in leftovers]
-    for path in leftovers:
-        shutil.rmtree(path, ignore_errors=True)
-    logger.warning("Removed %d unfinished save%s of a run that ended during %s (%s: %.1f MB).", len(leftovers),
-                   "s" if len(leftovers) > 1 else "", "them" if len(leftovers) > 1 else "it",
-                   ", ".join(os.path.basename(path) for path in leftovers), sum(sizes) / 2**20)
 
 
 def _lock(directory: str) -> int:

@@ -14,11 +14,15 @@ a checkpoint is never restored, compared against, pruned or deleted.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 from jaxmon._checkpoints import integrity as _integrity
+
+logger = logging.getLogger("jaxmon")
 
 #: Orbax's commit marker in a step directory (orbax/checkpoint/_src/path/atomicity_types.py).
 COMMIT_MARKER = "commit_success.txt"
@@ -104,6 +108,11 @@ def _counts(path: Any) -> bool:
     return is_step_name(path.name) and is_complete(os.fspath(path))
 
 
+def disk_bytes(path: str | os.PathLike) -> int:
+    """The bytes of every file below `path`."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
 def unfinished_saves(directory: str | os.PathLike) -> list[str]:
     """The directories of `directory` that saves left under Orbax's temporary name (a
     save cut off before its commit renamed the step into place), sorted."""
@@ -113,3 +122,18 @@ def unfinished_saves(directory: str | os.PathLike) -> list[str]:
         return []
     paths = (os.path.join(directory, name) for name in names if _integrity.TMP_SUFFIX in name)
     return sorted(path for path in paths if os.path.isdir(path) and not os.path.islink(path))
+
+
+def remove_unfinished_saves(directory: str) -> None:
+    """Removes the saves of dead runs that never reached their commit (their temporary
+    directories), saying what and how many bytes. Only for a writer that holds the
+    directory: no live run writes them then."""
+    leftovers = unfinished_saves(directory)
+    if not leftovers:
+        return
+    size = sum(disk_bytes(path) for path in leftovers)
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    logger.warning("Removed %d unfinished save%s of a run that ended during %s (%s: %.1f MB).", len(leftovers),
+                   "s" if len(leftovers) > 1 else "", "them" if len(leftovers) > 1 else "it",
+                   ", ".join(os.path.basename(path) for path in leftovers), size / 2**20)

@@ -19,13 +19,11 @@ from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
     Line,
     Panel,
     _best_metric,
-    _du,
     _inspect,
     _is_number,
     _plot,
     _pyplot,
     _rank_best,
-    _records,
     _run_label,
     _size,
     _yscale,
@@ -34,6 +32,7 @@ from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
     draw,
     plot_plan,
     read_series,
+    records,
     run_info,
 )
 

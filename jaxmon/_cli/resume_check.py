@@ -12,7 +12,6 @@ from it.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -125,8 +124,7 @@ def _train(path: str, workdir: str, processes: int, env: Mapping[str, str], what
 
     result = subprocess.run(_command(path, workdir, processes), env=env, capture_output=True, text=True)
     if result.returncode:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(f"{what} failed with exit code {result.returncode} ({workdir}): {last}")
+        raise ConfigError(f"{what} failed with exit code {result.returncode} ({workdir}): {_last_line(result.stderr)}")
 
 
 def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, str], cut_at: int) -> None:
@@ -139,9 +137,8 @@ def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, s
         deadline = time.monotonic() + _HOLD_SECS
         while not os.path.exists(os.path.join(workdir, HELD)):
             if process.poll() is not None:
-                last = (process.stderr.read().strip().splitlines() or ["(no output)"])[-1]
                 raise ConfigError(f"the run to cut ended (exit code {process.returncode}) before checkpoint {cut_at} "
-                                  f"was complete ({workdir}): {last}")
+                                  f"was complete ({workdir}): {_last_line(process.stderr.read())}")
             if time.monotonic() > deadline:
                 raise ConfigError(f"the run to cut did not complete checkpoint {cut_at} in {_HOLD_SECS:.0f} s.")
             time.sleep(0.05)
@@ -149,6 +146,11 @@ def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, s
         _kill_tree(process.pid)
         process.wait()
         process.stderr.close()
+
+
+def _last_line(output: str) -> str:
+    """The last line a failed run printed (its one line saying why)."""
+    return (output.strip().splitlines() or ["(no output)"])[-1]
 
 
 def _kill_tree(pid: int) -> None:
@@ -228,17 +230,10 @@ def _record_differences(whole: str, cut: str) -> list[str]:
 
 def _points(workdir: str) -> dict[tuple[int, str], Any]:
     """Every (step, tag) -> value of `workdir`'s metrics.jsonl, but the timings."""
-    points = {}
-    path = os.path.join(workdir, "metrics.jsonl")
-    with open(path, encoding="utf-8") as file:
-        for line in file:
-            record = json.loads(line)
-            if "step" not in record:
-                continue
-            for tag, value in record.items():
-                if tag not in ("step", "wall_time") and not tag.startswith(_TIMED):
-                    points[record["step"], tag] = value
-    return points
+    from jaxmon._cli.runs import records
+
+    return {(record["step"], tag): value for record in records(os.path.join(workdir, "metrics.jsonl"))
+            for tag, value in record.items() if tag not in ("step", "wall_time") and not tag.startswith(_TIMED)}
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -92,11 +92,9 @@ def _verify(workdir: str, as_json: bool) -> int:
     from jaxmon._checkpoints.step_dirs import complete_steps
 
     check_run(workdir)
-    sealed_from = integrity.sealed_from(workdir)
     results = []
     for step in complete_steps(workdir):
-        required = sealed_from is not None and step >= sealed_from
-        state, what = integrity.verify(os.path.join(workdir, str(step)), required)
+        state, what = integrity.verify(os.path.join(workdir, str(step)), integrity.manifest_required(workdir, step))
         results.append({"step": step, "state": state, "what": what})
     if as_json:
         print(json.dumps({"workdir": workdir, "checkpoints": results}, indent=2))
@@ -126,7 +124,7 @@ def run_info(workdir: str) -> dict[str, Any]:
     manifest seals it; with `keep_best`, the `best_metric` ranked: `best_rank` 1 is the best), the latest value of
     each scalar in metrics.jsonl, and the latest checkpoint's config."""
     from jaxmon._checkpoints.integrity import MANIFEST
-    from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
+    from jaxmon._checkpoints.step_dirs import complete_steps, disk_bytes, read_meta
 
     check_run(workdir)
     checkpoints = []
@@ -135,11 +133,11 @@ def run_info(workdir: str) -> dict[str, Any]:
         meta = read_meta(path) or {}
         when = meta.get("time") or datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(
             timespec="seconds")
-        checkpoints.append({"step": step, "bytes": _du(path), "time": when, **_best_metric(path),
+        checkpoints.append({"step": step, "bytes": disk_bytes(path), "time": when, **_best_metric(path),
                             "sealed": os.path.isfile(os.path.join(path, MANIFEST))})
     _rank_best(checkpoints)
     metrics: dict[str, tuple[int, float]] = {}
-    for record in _records(os.path.join(workdir, "metrics.jsonl")):
+    for record in records(os.path.join(workdir, "metrics.jsonl")):
         for tag, value in record.items():
             if (tag not in ("step", "wall_time") and not tag.startswith("goodput/") and _is_number(value)
                     and math.isfinite(value)):  # goodput has its own section
@@ -267,7 +265,7 @@ def read_series(path: str, goodput: bool = False) -> dict[str, tuple[list[int], 
     """Every scalar of a metrics.jsonl: `{tag: (steps, values)}`; the `goodput/*` seconds
     only with `goodput` (`jaxmon inspect` shows them as a table)."""
     series: dict[str, tuple[list[int], list[float]]] = {}
-    for record in _records(path):
+    for record in records(path):
         for tag, value in record.items():
             if tag not in ("step", "wall_time") and _is_number(value) and (goodput or not tag.startswith("goodput/")):
                 steps, values = series.setdefault(tag, ([], []))
@@ -363,7 +361,7 @@ def _run_label(workdir: str, taken: Mapping[str, Any]) -> str:
     return label
 
 
-def _records(path: str) -> list[dict[str, Any]]:
+def records(path: str) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl. A line that is no JSON record of a step (one a
     killed writer cut off, bytes that are not UTF-8 text) is skipped with a note on
     stderr naming the file and the line: what the rest of the file holds stays usable.
@@ -441,10 +439,6 @@ def shown(value: Any) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _du(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
 
 
 def _size(n: int) -> str:

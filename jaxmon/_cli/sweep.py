@@ -295,18 +295,11 @@ def _visible_gpus() -> list[str]:
 
 
 def _int_keys(config: dict[str, Any], keys: list[str]) -> frozenset[str]:
-    """Those of the dotted `keys` whose value in `config` is an int."""
-    ints = set()
-    for key in keys:
-        node: Any = config
-        for part in key.split("."):
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, int) and not isinstance(node, bool):
-            ints.add(key)
-    return frozenset(ints)
+    """Those of the dotted `keys` whose value in `config` is an int (an unknown key: a
+    `ConfigError` naming the nearest known one)."""
+    from jaxmon._experiment.config_file import value_at
+
+    return frozenset(key for key in keys if type(value_at(config, key)) is int)
 
 
 def _wait_any(processes: dict[int, subprocess.Popen]) -> int:

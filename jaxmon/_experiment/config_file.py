@@ -234,6 +234,16 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
     return config
 
 
+def value_at(config: Mapping[str, Any], key: str) -> Any:
+    """The value of the dotted `key` in `config` (list items by index: `hooks.1.name`).
+
+    Raises:
+      ConfigError: `key` is not in `config` (naming the nearest known key).
+    """
+    parent, leaf = _locate(dict(config), key.split("."))
+    return parent[leaf]
+
+
 def _locate(config: dict, parts: list[str]) -> tuple[Any, Any]:
     node: Any = config
     for depth, part in enumerate(parts):

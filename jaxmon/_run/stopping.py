@@ -92,7 +92,6 @@ class Preemption:
     """
 
     def __init__(self, *, handle_sigterm: bool, several_processes: bool):
-        self.requested = False
         #: True once the request came from Ctrl-C.
         self.interrupted = False
         #: The signal that asked to save and stop (SIGTERM for `request_preemption()` and
@@ -121,7 +120,11 @@ class Preemption:
         if not self.requested:
             logger.warning("%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
             self.signal = signum
-        self.requested = True
+
+    @property
+    def requested(self) -> bool:
+        """Whether a signal (or a caller) asked to save at the next step boundary and stop."""
+        return self.signal is not None
 
     def _hung_up(self) -> None:
         self.request("SIGHUP (the terminal closed)", signal.SIGHUP)

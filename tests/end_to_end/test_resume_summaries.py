@@ -12,7 +12,7 @@ import time
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
-from jaxmon._cli.main import _records
+from jaxmon._cli.main import records
 
 SCRIPT = textwrap.dedent("""
     import sys, time
@@ -62,7 +62,7 @@ def test_kill_after_checkpoint_10_and_resume_to_20_writes_each_step_once(tmp_pat
     finally:
         killed.kill()
         killed.wait(30)
-    steps = [record["step"] for record in _records(os.fspath(directory / "metrics.jsonl"))]
+    steps = [record["step"] for record in records(os.fspath(directory / "metrics.jsonl"))]
     assert steps[:14] == list(range(1, 15)) if len(steps) >= 14 else steps == list(range(1, len(steps) + 1))
     assert max(steps) > 10  # the killed run wrote past its last checkpoint
 
@@ -75,6 +75,6 @@ def test_kill_after_checkpoint_10_and_resume_to_20_writes_each_step_once(tmp_pat
     events.Reload()
     assert [event.step for event in events.Scalars("loss")] == list(range(1, 21))
     assert [event.value for event in events.Scalars("loss")] == [float(step) for step in range(1, 21)]
-    records = _records(os.fspath(directory / "metrics.jsonl"))
-    assert [record["step"] for record in records] == list(range(1, 21))
-    assert [record["loss"] for record in records] == [float(step) for step in range(1, 21)]
+    written = records(os.fspath(directory / "metrics.jsonl"))
+    assert [record["step"] for record in written] == list(range(1, 21))
+    assert [record["loss"] for record in written] == [float(step) for step in range(1, 21)]
