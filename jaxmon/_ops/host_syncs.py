@@ -1,4 +1,5 @@
-"""`debug_host_syncs`: a device value read on the host where no read belongs raises.
+"""`debug_host_syncs`: a device value read on the host where no read belongs raises, and
+so does a host value copied to the device implicitly in a dispatch.
 
 With `debug_host_syncs=True` a session runs the data iterator, and every hook that is
 called on every run (one without `next_trigger`), under `HostSyncs.guard(where)`: JAX's
@@ -9,18 +10,26 @@ where JAX's guard lets them through (there `np.asarray` reads a CPU array throug
 buffer protocol, which neither sees). The error names where the read happened; a hook's
 error note adds the event and the step. Reads at a hook's trigger (its fetches, its
 accumulators) are what triggers are for, and stay allowed.
+
+Copies to the device are checked at the dispatch, where on a GPU a copy waits for the
+device's queue: a run's batch that reaches it on the host (given to `run()`, or taken
+from `data` with `prefetch=0`) raises (`refuse_host_batch`), and each dispatch runs under
+`transfer_guard_host_to_device("disallow")` (`copies`): jaxmon sends every batch, feed
+and argument itself, explicitly, so an implicit copy there is one nobody asked for.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class HostSyncError(RuntimeError):
@@ -30,6 +39,8 @@ class HostSyncError(RuntimeError):
 #: The host conversions of a JAX array that read its value from the device.
 _READS = ("__array__", "__float__", "__int__", "__bool__", "__index__", "__complex__", "__format__", "__str__",
           "item", "tolist", "tobytes")
+#: The value in JAX's error for a copy `transfer_guard_host_to_device("disallow")` refused.
+_COPIED = re.compile(r"Disallowed host-to-device transfer: aval=(.*?)(?:, dst_sharding|$)", re.MULTILINE)
 _where = threading.local()  # .text: where the thread runs guarded (None: not guarded)
 _installed: list[type] = []
 
@@ -83,6 +94,35 @@ class HostSyncs:
                 yield
         finally:
             _where.text = outer
+
+    @contextlib.contextmanager
+    def copies(self, where: str) -> Iterator[None]:
+        """An implicit host-to-device copy inside raises `HostSyncError`, naming `where`."""
+        try:
+            with jax.transfer_guard_host_to_device("disallow"):
+                yield
+        except Exception as error:
+            copied = _COPIED.search(str(error))
+            if copied is None:
+                raise
+            raise HostSyncError(
+                f"debug_host_syncs: a host value ({copied.group(1)}) was copied to the device implicitly {where}. "
+                "On a GPU the dispatch waits for such a copy. Give the step device arrays (jax.device_put, or "
+                "data= whose batches the session sends ahead) instead of NumPy values captured or passed at the "
+                "dispatch.") from error
+
+    def refuse_host_batch(self, batch: Any, which: str) -> None:
+        """Raises `HostSyncError` if `batch`, a run's (`which`), holds a host value: it
+        would be copied to the device at its dispatch, not ahead."""
+        for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+            if isinstance(leaf, (np.ndarray, np.generic, bool, int, float, complex)):
+                shape = "x".join(map(str, np.shape(leaf))) or "scalar"
+                raise HostSyncError(
+                    f"debug_host_syncs: the batch {which} reached its dispatch on the host (batch"
+                    f"{jax.tree_util.keystr(path)}, a {shape} {np.result_type(leaf)} value), so it is copied to "
+                    "the device there: on a GPU the dispatch waits for the copy. Give the session data= with "
+                    "prefetch >= 1 (it sends each run's batches to the device ahead of the run), or put batches "
+                    "given to run() on the device ahead (jax.device_put).")
 
     def iterator(self, data: Any) -> Any:
         """`data`'s iterator, each `next` guarded (its other members as they are)."""

@@ -1,5 +1,6 @@
-"""Where a session's batches come from: its data, taken ahead, stacked for multi-step
-runs, with the data position a checkpoint keeps."""
+"""Where a session's batches come from: its data, taken ahead and sent to the device
+ahead of their run (stacked for a run of several steps), with the data position a
+checkpoint keeps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -19,13 +20,56 @@ from jaxmon._ops.host_syncs import HostSyncs
 logger = logging.getLogger("jaxmon")
 
 
+class Placed(NamedTuple):
+    """One run's batch on the device, as its compiled program takes it.
+
+    Attributes:
+      batch: what the program takes: one step's batch, or a run's batches stacked on a
+        leading axis (padded to `program_steps`), placed on the device (on a mesh, with
+        the batch sharding).
+      given: the run's batch as hooks see it (`RunContext.original_args.feeds`): the
+        batch, or the list of a run's batches.
+      steps: the steps of the run.
+      program_steps: the leading axis of `batch` for a run of several steps (see
+        `CompiledStep.program_steps`), 1 for one step's batch.
+      length: `steps` on the device, for a program that takes every run length (else None).
+    """
+
+    batch: Any
+    given: Any
+    steps: int
+    program_steps: int = 1
+    length: Any = None
+
+
+class _Taken(NamedTuple):
+    """A batch taken ahead from the data, and the data position before it."""
+
+    batch: Any
+    position: Any
+
+
+class _Ahead(NamedTuple):
+    """A run placed on the device ahead of it: the step it starts after, and its batch."""
+
+    step: int
+    run: Placed
+
+
 class BatchSource:
     """The session's `data`: the batches of each run, and the position before them.
 
-    Batches taken ahead (for a multi-step run cut short, to learn early that the data
-    ended, or up to the next agreement of several processes) wait in a buffer with the
-    data position before each, so that a checkpoint records the position of the first
-    batch not yet run.
+    Batches taken ahead (for the runs placed ahead, for a multi-step run cut short, to
+    learn early that the data ended, or up to the next agreement of several processes)
+    wait in a buffer with the data position before each, so that a checkpoint records
+    the position of the first batch not yet run.
+
+    The next `prefetch` runs' batches go to the device ahead of their run (`place`; a
+    run of several steps stacked on the host first, one copy a run): `jax.device_put`
+    returns at once, as flax's `prefetch_to_device`, so the copy overlaps the steps
+    before, and no dispatch copies a batch. A run's length is the one the hooks'
+    schedules give when it is placed (`run_limit`); a run the hooks end elsewhere is
+    placed again when it is due.
 
     Args:
       data: an iterable of batches, or None (every run is given its batch); its
@@ -34,16 +78,13 @@ class BatchSource:
       steps_per_dispatch: the most steps one run takes.
       run_limit: `run_limit(step, limit)`: `limit` cut to the next step a hook needs
         a run to end on.
-      prefetch: with one step per run, keep this many batches taken ahead with their
-        host arrays already on their way to the device (`jax.device_put` returns at
-        once, as flax's `prefetch_to_device`), so that the copy overlaps the steps
-        before; 0 (or data whose first batch is already on the device) takes each
-        batch when its run starts.
-      put: how a batch taken ahead goes to the device (a sharded session's
-        `place_batch`: this process's part, with the batch sharding); None:
-        `jax.device_put`.
+      prefetch: how many runs are placed on the device ahead; 0, or data whose
+        batches are already on the device, gives each run its batches as they are.
+      place: `place(batches) -> Placed | None`: one run's batches (a list) on the
+        device as its program takes them (a session's `Dispatch.place_run`), None
+        where it cannot say yet; None: `place_on_device`.
       host_syncs: with `debug_host_syncs`, the guard each batch is taken under.
-      spent: the session's seconds by category; taking batches adds to "data".
+      spent: the session's seconds by category; taking and placing batches adds to "data".
 
     An iterator the session made (`data` was an iterable, such as a grain dataset or
     DataLoader) is closed with the session, which stops its worker processes; one given
@@ -51,8 +92,8 @@ class BatchSource:
     """
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
-                 prefetch: int = 0, put: Callable[[Any], Any] | None = None, host_syncs: HostSyncs | None = None,
-                 spent: dict[str, float] | None = None):
+                 prefetch: int = 0, place: Callable[[list[Any]], Placed | None] | None = None,
+                 host_syncs: HostSyncs | None = None, spent: dict[str, float] | None = None):
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
@@ -65,62 +106,88 @@ class BatchSource:
         #: Whether runs take their batches from `data` (else each run is given one).
         self.has_data = self._data is not None
         self._owned = owned
-        self._put = jax.device_put if put is None else put
+        self._place = place_on_device if place is None else place
         self._steps_per_dispatch = steps_per_dispatch
-        self._prefetch = prefetch if steps_per_dispatch == 1 else 0
+        self._prefetch = prefetch  # 0 once the data turns out to be on the device already
         self._run_limit = run_limit
         positions = getattr(self._data, "get_state", None)
         self._positions: Callable[[], Any] | None = positions if callable(positions) else None
-        self._buffer: collections.deque = collections.deque()  # [batch, data position before it, sent]
+        self._buffer: collections.deque[_Taken] = collections.deque()
+        self._placed: collections.deque[_Ahead] = collections.deque()  # the first runs of the buffer, on the device
         self._deferred: BaseException | None = None  # what taking a batch ahead raised
 
     def next(self, step: int, limit: int | None = None) -> Any:
-        """The next run's batch; with `steps_per_dispatch`, a `Steps` of as many as the
-        next trigger after `step` and `limit` (the most steps the run may take: with
-        several processes, those to their next agreement) allow (a power of two). Its
-        time goes to the session's `data` clock."""
+        """The batch of the run after `step`: one batch, or with `steps_per_dispatch` as
+        many as the next trigger after `step` and `limit` (the most steps the run may
+        take: with several processes, those to their next agreement) allow, a power of
+        two (a `Steps`); a `Placed` run where it went to the device. Its time goes to the
+        session's `data` clock."""
         started = time.perf_counter()
         try:
-            if self._steps_per_dispatch == 1:
-                if not self._prefetch and not self._buffer and self._deferred is None:
-                    return next(self._data)
-                batch = self.next_one()
-                try:
-                    self.fill(self._prefetch)
-                except Exception as error:  # raised when that batch is due, not now (as the data's end)
-                    self._deferred = error
-                return batch
-            most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
-            length = _power_of_two(self._run_limit(step, most))
-            if len(self._buffer) < length:
-                if self._positions is None:  # no position to keep with each: take them in one go
-                    self._buffer.extend([batch, None, False]
-                                        for batch in itertools.islice(self._data, length - len(self._buffer)))
-                while len(self._buffer) < length and self.take_ahead():
-                    pass
-                if len(self._buffer) < length:  # the data ended: what is left, in powers of two
-                    if not self._buffer:
-                        raise StopIteration
-                    length = _power_of_two(len(self._buffer))
-            items = [self._buffer.popleft()[0] for _ in range(length)]
-            return items[0] if length == 1 else Steps(items)
+            if not self._prefetch and not self._buffer and self._deferred is None and self._steps_per_dispatch == 1:
+                return next(self._data)
+            length = self._length(step, limit)
+            ahead = self._placed.popleft() if self._placed else None
+            if ahead is not None and (ahead.step, ahead.run.steps) != (step, length):  # the hooks end it elsewhere
+                self._placed.clear()
+                ahead = None
+            self._fill(length)
+            if len(self._buffer) < length:  # the data ended: what is left, in powers of two
+                if not self._buffer:
+                    error, self._deferred = self._deferred, None
+                    raise error
+                length = _power_of_two(len(self._buffer))
+            batches = [self._buffer.popleft().batch for _ in range(length)]
+            run = ahead.run if ahead is not None else self._placed_run(batches)
+            self._place_ahead(step + length, None if limit is None else step + limit)
+            if run is not None:
+                return run
+            return batches[0] if length == 1 else Steps(batches)
         finally:
             self._spent["data"] += time.perf_counter() - started
 
-    def next_one(self) -> Any:
-        """The next single batch, the one taken ahead first if there is one."""
-        if self._buffer:
-            batch = self._buffer.popleft()[0]
-            self._send()
-            return batch
-        if self._deferred is not None:
-            error, self._deferred = self._deferred, None
-            raise error
-        return self._take()
+    def _length(self, step: int, limit: int | None) -> int:
+        """How many steps the run after `step` takes, as the hooks' schedules say now."""
+        if self._steps_per_dispatch == 1:
+            return 1
+        most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
+        return _power_of_two(self._run_limit(step, most))
+
+    def _place_ahead(self, step: int, end: int | None) -> None:
+        """Places the runs after `step` on the device, until `prefetch` of them wait (`end`:
+        the step no run crosses, several processes' next agreement; past it, unknown)."""
+        queued = sum(ahead.run.steps for ahead in self._placed)
+        while len(self._placed) < self._prefetch:
+            start = step + queued
+            length = self._length(start, None if end is None or end <= start else end - start)
+            self._fill(queued + length)
+            if len(self._buffer) < queued + length:  # the data ends first: that run is cut when it is due
+                return
+            run = self._placed_run([taken.batch for taken in itertools.islice(self._buffer, queued, queued + length)])
+            if run is None:
+                return
+            self._placed.append(_Ahead(start, run))
+            queued += length
+
+    def _placed_run(self, batches: list[Any]) -> Placed | None:
+        """`batches`, one run's, on the device; None without prefetch, for data already
+        on the device, or where the session cannot place them yet."""
+        if not self._prefetch:
+            return None
+        if not on_host(batches[0]):
+            self._prefetch = 0  # data already on the device: nothing to gain from placing it ahead
+            return None
+        return self._place(batches)
+
+    def unplace(self) -> None:
+        """Drops the runs placed ahead (the state was made again: a recovery may have
+        lost the device's buffers); their batches are placed again when due."""
+        self._placed.clear()
 
     def skip(self, count: int) -> list[Any]:
         """Takes the next `count` batches and drops them (a roll-back past bad data);
         returns the data position before each."""
+        self._placed.clear()
         positions = []
         for _ in range(count):
             positions.append(self.position())
@@ -131,51 +198,31 @@ class BatchSource:
         return positions
 
     def fill(self, count: int, timed: bool = False) -> int:
-        """Takes batches ahead until `count` wait (the first `prefetch` of them sent to the
-        device, the rest kept on the host), or the data ends; returns how many wait. An
-        error of the data other than its end is raised now. `timed`: its time goes to the
-        session's `data` clock (`next` times its own)."""
+        """Takes batches ahead until `count` wait, or the data ends; returns how many
+        wait. An error of the data other than its end is raised now. `timed`: its time
+        goes to the session's `data` clock (`next` times its own)."""
         started = time.perf_counter()
         try:
-            while len(self._buffer) < count and self._deferred is None:
-                try:
-                    self._take_ahead()
-                except StopIteration as end:
-                    self._deferred = end
+            self._fill(count)
+            if self._deferred is not None and not isinstance(self._deferred, StopIteration):
+                error, self._deferred = self._deferred, None
+                raise error
             return len(self._buffer)
         finally:
             if timed:
                 self._spent["data"] += time.perf_counter() - started
 
-    def take_ahead(self) -> bool:
-        """Takes the next batch ahead; False when the data has ended."""
-        try:
-            self._take_ahead()
-        except StopIteration:
-            return False
-        return True
-
-    def _take_ahead(self) -> None:
-        position = self._get_state()
-        self._buffer.append([next(self._data), position, False])  # [batch, position before it, sent]
-        self._send()
-
-    def _send(self) -> None:
-        """Sends the first `prefetch` batches waiting to the device, as they move up."""
-        for item in itertools.islice(self._buffer, self._prefetch):
-            if not item[2]:
-                item[0], item[2] = self._sent(item[0]), True
-
-    def _take(self) -> Any:
-        """The data's next batch; with `prefetch`, its host arrays on their way to the device."""
-        batch = next(self._data)
-        return self._sent(batch) if self._prefetch else batch
-
-    def _sent(self, batch: Any) -> Any:
-        if any(isinstance(leaf, (np.ndarray, np.generic)) for leaf in jax.tree.leaves(batch)):
-            return self._put(batch)
-        self._prefetch = 0  # data already on the device: nothing to gain from taking it ahead
-        return batch
+    def _fill(self, count: int) -> None:
+        """Takes batches ahead until `count` wait; the data's end, or its error, is kept
+        for the run whose batch it would have been."""
+        while len(self._buffer) < count and self._deferred is None:
+            position = self._get_state()
+            try:
+                batch = next(self._data)
+            except Exception as error:  # raised when that batch is due, not now (as the data's end)
+                self._deferred = error
+                return
+            self._buffer.append(_Taken(batch, position))
 
     def _get_state(self) -> Any:
         return None if self._positions is None else self._positions()
@@ -184,18 +231,19 @@ class BatchSource:
         """At the session's end: closes an iterator the session made; sets one it was given
         back to the first batch taken ahead but not run (when it has `set_state`), so that
         it carries on from there after the session (one without has lost those batches)."""
+        self._placed.clear()
         if self._owned:
             self._buffer.clear()
             _loaders.close_iterator(self._data)
         elif self._buffer and hasattr(self._data, "set_state"):
-            self._data.set_state(self._buffer[0][1])
+            self._data.set_state(self._buffer[0].position)
             self._buffer.clear()
             self._deferred = None
 
     def position(self) -> Any:
         """The data position before the next batch to run, as JSON (None when the
         iterator has no `get_state()`)."""
-        return _loaders.to_json(self._buffer[0][1] if self._buffer else self._get_state())
+        return _loaders.to_json(self._buffer[0].position if self._buffer else self._get_state())
 
     def restore(self, position: Any, step: int, recovering: bool) -> bool:
         """Sets the data back to a checkpoint's `position` (of `step`), or says why not;
@@ -204,6 +252,7 @@ class BatchSource:
             if hasattr(self._data, "set_state"):
                 self._data.set_state(_loaders.from_json(position))
                 self._buffer.clear()
+                self._placed.clear()
                 self._deferred = None
                 return True
             else:
@@ -222,13 +271,24 @@ class BatchSource:
         return False
 
 
+def place_on_device(batches: list[Any]) -> Placed:
+    """One run's host `batches` on the default device, with `jax.device_put`: one batch,
+    or several stacked on the host (a program of the run's own length)."""
+    steps = len(batches)
+    if steps == 1:
+        return Placed(jax.device_put(batches[0]), batches[0], 1)
+    return Placed(jax.device_put(Steps(batches).stacked()), batches, steps, steps)
+
+
 def as_run(batch: Any, steps_per_dispatch: int) -> tuple[int, Any, Any]:
-    """`(steps, batch, batches)` of one run. For a run of several steps (a list of
-    batches given to `run()` with `steps_per_dispatch`, or taken from data), `batch` is
-    what the step gets: host arrays stacked on a new leading axis here (one transfer),
-    batches already on the device as a list, which the compiled step stacks inside its
-    own program (no dispatch of its own); `batches` is the list, as hooks see it. A
-    run of one step gets its batch twice."""
+    """`(steps, batch, given)` of one run: `given` is the run's batch as hooks see it;
+    `batch` what the step gets. A `Placed` run is as it was placed. Otherwise, for a run
+    of several steps (a list of batches given to `run()` with `steps_per_dispatch`, or
+    taken from data), host arrays stacked on a new leading axis here, batches already on
+    the device as a list, which the compiled step stacks inside its own program (no
+    dispatch of its own); a run of one step gets its batch twice."""
+    if isinstance(batch, Placed):
+        return batch.steps, batch, batch.given
     if isinstance(batch, list) and steps_per_dispatch > 1:
         batch = Steps(batch)
     if isinstance(batch, Steps):
@@ -289,6 +349,12 @@ def stack_leaves(items: list[Any]) -> Any:
         return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *items)
     except (ValueError, TypeError) as error:
         raise unstackable(len(items), error) from None
+
+
+def on_host(batch: Any) -> bool:
+    """Whether `batch` holds a host value (a NumPy array or a Python number), which goes
+    to the device before its step."""
+    return any(isinstance(leaf, (np.ndarray, np.generic, bool, int, float, complex)) for leaf in jax.tree.leaves(batch))
 
 
 def on_device(batch: Any) -> bool:

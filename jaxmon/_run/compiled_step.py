@@ -148,15 +148,29 @@ class CompiledStep:
     def constrained(self) -> bool:
         return self._state_constraint is not None
 
-    def program_steps(self, state: Any, length: int) -> int:
-        """The leading axis of the batch a run of `length` steps is called with: the
-        longest run length for every run up to it when one program takes them all (the
-        batch padded, see `batches.pad_run`), else `length`."""
-        if self._dynamic is None:  # the first run: what "auto" does depends on the devices
+    def choose(self, state: Any) -> None:
+        """Decides, once, what "auto" does on the platform of `state`'s devices: one
+        program for every run length (`program_steps`), or one per length."""
+        if self._dynamic is None:
             self._platform = platform_of(state)
             self._dynamic = self._most > 1 and dynamic_length(self._unroll, self._platform)
             if self._dynamic:
                 self.lengths = (self._most,)
+
+    @property
+    def chosen(self) -> bool:
+        """Whether `choose` was called: `program_steps` and `dynamic` are known."""
+        return self._dynamic is not None
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether one program takes every run length, the length an argument (after `choose`)."""
+        return bool(self._dynamic)
+
+    def program_steps(self, length: int) -> int:
+        """The leading axis of the batch a run of `length` steps is called with (after
+        `choose`): the longest run length for every run up to it when one program takes
+        them all (the batch padded, see `batches.pad_run`), else `length`."""
         return self._most if self._dynamic and length <= self._most else length
 
     def constrain_state(self, constraint: Callable[[Any], Any]) -> None:
@@ -165,21 +179,21 @@ class CompiledStep:
         self._state_constraint = constraint
 
     def __call__(self, key: tuple[FetchSpec, ...], state: Any, batch: Any, *, owners: Mapping[FetchSpec, object],
-                 program_steps: int = 1, steps: int | None = None, carry: Any = None, unfed: Any = None,
-                 step: int = 0, listed: bool | None = None):
+                 program_steps: int = 1, length: Any = None, carry: Any = None, unfed: Any = None, step: int = 0,
+                 listed: bool | None = None):
         """One dispatch after `step`: one step, or with `program_steps` > 1 that many steps
         scanned over the leading axis of `batch` (outputs and fetches of the last
-        step); the run's `steps` of them only, where `program_steps` padded the batch.
-        With `accumulate`, `carry` is the accumulators before the run; the call then
-        returns `(new_state, outputs, fetched, new_carry)`. `unfed` is `batch`
-        without the hooks' feeds (the batch of a run without hooks), when they differ.
-        `listed`: whether runs of several steps get their batches as a list (see
-        `as_run`), for the programs compiled ahead; None: as `batch` shows (not so
-        for batches a sharded session placed on its mesh)."""
+        step); for a program that takes every run length, the first `length` of them
+        (the run's length on the device: the batch is padded). With `accumulate`,
+        `carry` is the accumulators before the run; the call then returns `(new_state,
+        outputs, fetched, new_carry)`. `unfed` is `batch` without the hooks' feeds (the
+        batch of a run without hooks), when they differ. `listed`: whether runs of
+        several steps get their batches as a list (see `as_run`), for the programs
+        compiled ahead; None: as `batch` shows."""
         self._step = step
+        self.choose(state)
         variant = self._variants.get((key, program_steps))
-        arguments = (state, batch, carry) if steps is None or not self._dynamic else (
-            state, batch, carry, np.int32(steps))
+        arguments = (state, batch, carry, length) if self._dynamic else (state, batch, carry)
         if variant is not None:
             ahead = self._ahead.get((key, program_steps))
             if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
@@ -197,8 +211,7 @@ class CompiledStep:
                 if first:
                     self._spent["compile"] += time.perf_counter() - started
         check_batch(batch, step + 1)
-        if self._convolves is None:  # the first call: what "auto" does depends on the devices and the step
-            self.program_steps(state, program_steps)
+        if self._convolves is None:  # the first call: what "auto" does depends on the step too
             self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
                                and convolves(self.traced_step_fn, abstract(state), one_step(batch, program_steps)))
         ahead = len(self.lengths) > 1 and (abstract(state), abstract(carry))  # before the call donates the state
@@ -237,8 +250,7 @@ class CompiledStep:
         whose own program is still compiling in the background: the same steps, results
         and fetches (of the last step), without waiting for the compilation."""
         single = self._variants[key, 1]
-        for i in range(length):
-            one = batch[i] if isinstance(batch, list) else jax.tree.map(lambda x, i=i: x[i], batch)
+        for one in batch if isinstance(batch, list) else _unstacked(batch, length):
             result = single(state, one, carry)
             state, carry = result[0], result[3] if carry is not None else None
         return result
@@ -361,6 +373,13 @@ class CompiledStep:
 
             evaluator = self._evaluators[key] = jax.jit(evaluator)
         return evaluator(state, batch, outputs)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstacked(batch: Any, length: int) -> list[Any]:
+    """A stacked batch on the device as the list of its `length` steps' batches, on the
+    device (one program: indexing a device array from the host copies the index)."""
+    return [jax.tree.map(lambda x, i=i: x[i], batch) for i in range(length)]
 
 
 def _loop(one_step: Callable[..., tuple], state: Any, carry: Any, batch: Any, steps: Any) -> tuple:

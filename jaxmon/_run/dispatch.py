@@ -5,6 +5,7 @@ ahead, and the last run kept for `fetch`."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -15,10 +16,11 @@ import numpy as np
 from jaxmon._base import errors
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._ops.host_syncs import HostSyncs
 from jaxmon._run import fetches as _fetches
 from jaxmon._run import sharding as _sharding
-from jaxmon._run.batches import on_device, pad_run
-from jaxmon._run.compiled_step import CompiledStep
+from jaxmon._run.batches import Placed, Steps, on_device, on_host, pad_run
+from jaxmon._run.compiled_step import CompiledStep, check_batch
 from jaxmon._run.plan import CALLER, RunPlan, RunResult
 
 NOTHING_FETCHED = _fetches.FetchPlan([(CALLER, None)])
@@ -38,12 +40,14 @@ class Dispatch:
         run length, compiled when a run first needs it (see `CompiledStep`).
       scan_unroll: how far the `lax.scan` of a run of several steps is unrolled (see
         `scan_unroll.resolve_scan_unroll`).
+      host_syncs: with `debug_host_syncs`, an implicit host-to-device copy in a dispatch
+        raises (every value jaxmon sends, it sends explicitly, ahead where it can).
     """
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
                  max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
                  steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto",
-                 spent: dict[str, float] | None = None):
+                 spent: dict[str, float] | None = None, host_syncs: HostSyncs | None = None):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
@@ -54,6 +58,7 @@ class Dispatch:
                                       accumulate=self._accumulators and self._accumulators.update,
                                       unroll=scan_unroll, spent=spent)
         self._spent = spent
+        self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
         self._placement = placement
         self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
         self.max_dispatch_ahead = max_dispatch_ahead
@@ -70,44 +75,84 @@ class Dispatch:
     def close(self) -> None:
         self._compiled.close()
 
-    def keep_on_mesh(self, state: Any) -> None:
-        """With a mesh, constrains every new state to the shardings `state` has."""
+    def created(self, state: Any) -> None:
+        """A state was built or restored: the programs are chosen for its devices (see
+        `CompiledStep.choose`); with a mesh, every new state keeps the shardings it has."""
+        self._compiled.choose(state)
         if self._placement is not None and not self._compiled.constrained:
             self._compiled.constrain_state(_sharding.constrain(self._placement.state_shardings(state)))
 
+    def place_run(self, batches: list[Any]) -> Placed | None:
+        """One run's host `batches` on the device, as its program takes them (stacked on
+        the host, padded to its program's length, placed on the mesh), for `BatchSource`
+        to place ahead of the run; None before the programs are chosen, or for batches
+        the step cannot take (their run raises when it is due, naming its step)."""
+        if not self._compiled.chosen:
+            return None
+        steps = len(batches)
+        try:
+            run = self._placed(batches[0] if steps == 1 else Steps(batches).stacked(), steps)
+        except (TypeError, ValueError):
+            return None
+        return run._replace(given=batches[0] if steps == 1 else batches)
+
+    def _placed(self, batch: Any, steps: int, step: int | None = None) -> Placed:
+        """A run's `batch` (as `as_run` gives it) as its program takes it, on the device;
+        a batch the step cannot take is refused naming the run's first step (`step`)."""
+        program_steps = 1 if self._single else self._compiled.program_steps(steps)
+        if program_steps != steps:  # one program takes every run length: the batch padded to its length
+            batch = pad_run(batch, steps, program_steps)
+        try:
+            placed = self._put(batch, program_steps)
+        except TypeError:  # a leaf that is no array: say which, and of which step
+            if step is not None:
+                check_batch(batch, step + 1)
+            raise
+        length = self._put(np.int32(steps), 1) if self._compiled.dynamic else None
+        return Placed(placed, None, steps, program_steps, length)
+
+    def _put(self, batch: Any, steps: int) -> Any:
+        """`batch` (of `steps` steps) on the device: with a mesh, on it (`place_batch`);
+        else its host values copied with `jax.device_put`, never at the dispatch."""
+        if self._placement is not None:
+            return self._placement.place_batch(batch, steps)
+        return jax.device_put(batch) if on_host(batch) else batch
+
     def __call__(self, state: Any, batch: Any, plan: RunPlan, *, wanted: _fetches.Wanted | None, steps: int,
                  step: int) -> RunResult:
-        """Dispatches the run of `steps` steps after `step`, with the hooks' feeds of
-        `plan` merged into `batch` and every fetch of `plan` and the caller's
-        (`wanted`) computed in the same program; a quiet plan fetches nothing."""
-        fed, fetches = batch, NOTHING_FETCHED
+        """Dispatches the run of `steps` steps after `step` (`batch` as `as_run` gives it:
+        placed ahead, or placed here), with the hooks' feeds of `plan` merged into it
+        and every fetch of `plan` and the caller's (`wanted`) computed in the same
+        program; a quiet plan fetches nothing."""
+        fetches = NOTHING_FETCHED
         if wanted is not None or plan.fetching:  # most runs fetch nothing
             fetches = plan.fetch_plan(wanted)
-        if plan.feeds:
-            fed = _with_feeds(batch, plan.feeds, steps)
-        program_steps = 1 if self._single else self._compiled.program_steps(state, steps)
-        if program_steps != steps:  # one program takes every run length: the batch padded to its length
-            padded = pad_run(batch, steps, program_steps)
-            fed, batch = padded if fed is batch else pad_run(fed, steps, program_steps), padded
-        listed = None
-        if self._placement is not None:  # the programs compiled ahead take batches as placed, stacked or listed
+        self._compiled.choose(state)
+        run, listed = batch, False  # listed: runs of several steps get their batches as a list (on the device)
+        if not isinstance(run, Placed):  # given to run(), or data not placed ahead: placed now
+            if self._syncs is not None:
+                self._syncs.refuse_host_batch(batch, f"of step {step + 1}")
             listed = len(self._compiled.lengths) > 1 and (
-                isinstance(batch, list) if program_steps > 1 else on_device(batch))
-            unfed = fed is batch
-            fed = self._placement.place_batch(fed, program_steps)
-            batch = fed if unfed else batch
+                isinstance(batch, list) if steps > 1 else on_device(batch))
+            run = self._placed(batch, steps, step)
+        fed = run.batch
+        if plan.feeds:
+            fed = self._put(_with_feeds(fed, plan.feeds, run.program_steps), run.program_steps)
         accumulators, carry = self._accumulators, None
         if accumulators is not None:
             carry = accumulators.carry
             if carry is None:  # the first run since the state was created: traces the step for the shapes
                 started = time.perf_counter()
-                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed, program_steps=program_steps,
-                                             step=step, sharding=_carry_sharding(state, self._placement))
+                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed,
+                                             program_steps=run.program_steps, step=step,
+                                             sharding=_carry_sharding(state, self._placement))
                 if self._spent is not None:
                     self._spent["compile"] += time.perf_counter() - started
         try:
-            result = self._compiled(fetches.key, state, fed, owners=fetches.owners, program_steps=program_steps,
-                                    steps=steps, carry=carry, unfed=batch, step=step, listed=listed)
+            with self._copies(step):
+                result = self._compiled(fetches.key, state, fed, owners=fetches.owners,
+                                        program_steps=run.program_steps, length=run.length, carry=carry,
+                                        unfed=run.batch, step=step, listed=listed)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
             if self._placement is not None and type(error).__name__ == "ShardingTypeError":
                 note = _sharding.explicit_axes_note(self._placement.mesh)
@@ -121,11 +166,17 @@ class Dispatch:
         if self.max_dispatch_ahead is not None:
             self._bound(new_state, outputs, step)
         self._last_batch, self.last_outputs = fed, outputs
-        self._last_index = steps - 1 if program_steps > 1 else None
+        self._last_index = steps - 1 if run.program_steps > 1 else None
         if fetches is NOTHING_FETCHED:
             return RunResult(new_state, outputs)
         caller, *values = fetches.route(outputs, fetched)  # a name that is no output raises on this run
         return RunResult(new_state, outputs, caller, _by_call(values, plan) if plan.fetching else ())
+
+    def _copies(self, step: int) -> contextlib.AbstractContextManager:
+        """Where the compiled call runs: with `debug_host_syncs`, refusing implicit copies."""
+        if self._syncs is None:
+            return contextlib.nullcontext()
+        return self._syncs.copies(f"in the dispatch of step {step + 1}")
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
         """Waits for the step `max_dispatch_ahead` runs back, so that no more than that

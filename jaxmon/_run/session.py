@@ -68,9 +68,10 @@ class MonitoredSession:
       steps_per_dispatch: up to this many steps per `run()` in one scan, cut at every exact step trigger (and
         agreement point); scan_unroll: its `unroll`, int, True or "auto" (see docs/performance.md, "Speed").
       max_dispatch_ahead: the most steps queued without a wait ("auto": 16 on several CPU devices, else None).
-      prefetch: with one step per run, how many batches of `data` are sent to the device ahead (0: none).
+      prefetch: how many runs' batches of `data` are sent to the device ahead of their run (0: none).
       agree_every_n_steps: with several JAX processes, the most steps between two agreements (docs/processes.md).
-      debug_host_syncs: the data or an every-run hook reading a device value raises (docs/operations.md).
+      debug_host_syncs: the data or an every-run hook reading a device value, or a copy to the device at a
+        dispatch, raises (docs/operations.md).
       watchdog_secs: no step in this long ends the process, exit 76 (watchdog_startup_secs: at start and close).
 
     Example:
@@ -106,12 +107,12 @@ class MonitoredSession:
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, spent=self._spent.secs,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
-                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll)
+                                  steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,
+                                  host_syncs=host_syncs)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
-                                    put=placement and placement.place_batch, host_syncs=host_syncs,
-                                    spent=self._spent.secs)
+                                    place=self._dispatch.place_run, host_syncs=host_syncs, spent=self._spent.secs)
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
                                hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
@@ -194,10 +195,7 @@ class MonitoredSession:
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
-        if self.steps_per_dispatch == 1:
-            steps, given = 1, batch
-        else:
-            steps, batch, given = as_run(batch, self.steps_per_dispatch)
+        steps, batch, given = as_run(batch, self.steps_per_dispatch)
         (preemption := self._preemption).requested and self._runner.reschedule()  # a saver's next trigger is now
         plan = self._runner.before_run(self, self._step, steps=steps, fetches=fetches, batch=given,
                                        wake=wanted is not None)
@@ -215,7 +213,8 @@ class MonitoredSession:
         """A state was built or restored: keep it, then tell every hook."""
         self._spent.went_back(self._step, step)  # a recovery or roll-back: the steps after `step` are run again
         self._state, self._step = state, step
-        self._dispatch.keep_on_mesh(state)
+        self._dispatch.created(state)
+        self._batches.unplace()
         self._accumulators.start(step, self._life.windows)
         self._runner.after_create_session(self)
 

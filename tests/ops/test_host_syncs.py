@@ -1,7 +1,8 @@
 """`debug_host_syncs=True`: a hook called on every run, or a data iterator, that reads a
 device value on the host raises `HostSyncError` naming it (on the CPU backend too, where
 JAX's own transfer guard lets such reads through); a hook reading at its trigger, and
-the default set of hooks, run clean."""
+the default set of hooks, run clean. A batch that reaches its dispatch on the host, and
+any implicit copy to the device in a dispatch, raise too."""
 
 import os
 import subprocess
@@ -105,3 +106,29 @@ def test_the_default_set_of_jaxmon_train_runs_clean_under_debug_host_syncs(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 60: test accuracy" in result.stdout
     assert jm.latest_checkpoint_step(str(tmp_path / "run")) == 60
+
+
+# -- copies to the device at a dispatch ---------------------------------------------------------------
+
+
+def test_a_batch_that_reaches_its_dispatch_on_the_host_is_named_with_the_fix():
+    with jm.MonitoredSession(step_fn, state=jnp.zeros(()), debug_host_syncs=True) as sess:
+        sess.run({"x": jnp.ones(2)})  # on the device already: nothing to copy
+        with pytest.raises(jm.HostSyncError, match=r"the batch of step 2 reached its dispatch on the host "
+                           r"\(batch\['x'\], a 2 float64 value\).*jax.device_put"):
+            sess.run({"x": np.ones(2)})
+    with pytest.raises(jm.HostSyncError, match=r"the batch of step 1 reached its dispatch on the host.*prefetch >= 1"):
+        run([], debug_host_syncs=True, prefetch=0)
+    assert run([], debug_host_syncs=True).step == 8  # data= sends each run's batch ahead
+
+
+def test_an_implicit_copy_in_a_dispatch_raises_naming_the_step(monkeypatch):
+    """A host value handed to the compiled step without being sent (here: batches left on
+    the host as a regression would) is JAX's implicit copy, refused at the dispatch."""
+    from jaxmon._run.dispatch import Dispatch
+
+    monkeypatch.setattr(Dispatch, "_put", lambda self, batch, steps: batch)
+    with pytest.raises(jm.HostSyncError, match=r"a host value \(ShapedArray\(float32\[2,2\]\)\) was copied to the "
+                       r"device implicitly in the dispatch of step 1"):
+        run([], debug_host_syncs=True)
+    assert run([]).step == 8  # without debug_host_syncs, JAX copies it

@@ -1,7 +1,8 @@
 """Where a session's batches come from, on its own: `BatchSource` over a plain iterator
 and over one with a position (a small fake), the positions of batches taken ahead,
-`give_back`, `restore`, multi-step runs in powers of two, `fill`; and `as_run`/`Steps`.
-No session and no step: batches are tiny NumPy dicts."""
+runs placed on the device ahead (of one step and of several), `give_back`, `restore`,
+multi-step runs in powers of two, `fill`; and `as_run`/`Steps`. No session and no
+step: batches are tiny NumPy dicts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import Counter, Plain
 
-from jaxmon._run.batches import BatchSource, Steps, as_run
+from jaxmon._run.batches import BatchSource, Placed, Steps, as_run, place_on_device
 
 
 class Loader:
@@ -33,8 +34,9 @@ def no_limit(step, limit):
 
 
 def xs(batch):
-    """The "x" values of a run's batch (one batch, or a `Steps`)."""
-    items = batch.items if isinstance(batch, Steps) else [batch]
+    """The "x" values of a run's batch (one batch, a `Steps`, or a `Placed` run's as given)."""
+    batch = batch.given if isinstance(batch, Placed) else batch
+    items = batch.items if isinstance(batch, Steps) else batch if isinstance(batch, list) else [batch]
     return [float(item["x"]) for item in items]
 
 
@@ -51,11 +53,12 @@ def test_batches_taken_ahead_keep_the_position_before_each():
     data = Counter()
     source = BatchSource(data, 1, no_limit, prefetch=2)
     first = source.next(0)
-    assert float(first["x"]) == 1.0 and data.i == 3  # the run's batch and two more
+    assert xs(first) == [1.0] and data.i == 3  # the run's batch and two more
     assert source.position() == {"i": 1}  # before the first batch not run: batch 2
     second = source.next(1)
-    assert isinstance(second["x"], jax.Array)  # sent to the device while waiting
-    assert float(second["x"]) == 2.0 and source.position() == {"i": 2} and data.i == 4
+    assert isinstance(second.batch["x"], jax.Array)  # sent to the device while waiting
+    assert isinstance(second.given["x"], np.floating)  # hooks see it as the data gave it
+    assert xs(second) == [2.0] and source.position() == {"i": 2} and data.i == 4
 
 
 def test_a_plain_iterator_has_no_position_and_is_taken_ahead_alike():
@@ -178,9 +181,9 @@ def test_fill_takes_ahead_up_to_a_count_and_the_end_comes_when_due():
     assert source.position() == {"i": 0}  # none run yet
     assert source.fill(2) == 3  # already enough waiting
     assert source.fill(10) == 5  # the data ended: what waits
-    assert [float(source.next_one()["x"]) for _ in range(5)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [float(source.next(step)["x"]) for step in range(5)] == [1.0, 2.0, 3.0, 4.0, 5.0]
     with pytest.raises(StopIteration):
-        source.next_one()
+        source.next(5)
 
 
 def test_fill_raises_an_error_of_the_data_now():
@@ -193,10 +196,39 @@ def test_fill_raises_an_error_of_the_data_now():
         source.fill(3)
 
 
-def test_take_ahead_says_whether_a_batch_was_taken():
-    source = BatchSource(Counter(1), 1, no_limit, prefetch=0)
-    assert source.take_ahead() is True
-    assert source.take_ahead() is False
+class Placing:
+    """`place_on_device`, counting the runs it places (their first "x")."""
+
+    def __init__(self):
+        self.placed = []
+
+    def __call__(self, batches):
+        self.placed.append(float(batches[0]["x"]))
+        return place_on_device(batches)
+
+
+def test_multi_step_runs_go_to_the_device_stacked_a_run_ahead_of_their_dispatch():
+    data, place = Counter(), Placing()
+    source = BatchSource(data, 4, no_limit, prefetch=1, place=place)
+    first = source.next(0)
+    assert isinstance(first, Placed) and first.steps == 4 and xs(first) == [1.0, 2.0, 3.0, 4.0]
+    assert isinstance(first.batch["x"], jax.Array) and first.batch["x"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert data.i == 8 and place.placed == [1.0, 5.0]  # this run, and the next one ahead
+    assert source.position() == {"i": 4}  # the batches placed ahead are not run yet
+    second = source.next(4)
+    assert second.batch["x"].tolist() == [5.0, 6.0, 7.0, 8.0] and place.placed == [1.0, 5.0, 9.0]  # as placed
+
+
+def test_a_run_the_hooks_end_elsewhere_is_placed_again_when_due_with_no_batch_lost():
+    limit, place = {"until": 100}, Placing()
+    source = BatchSource(Counter(), 4, lambda step, most: min(most, limit["until"] - step), prefetch=1, place=place)
+    assert xs(source.next(0)) == [1.0, 2.0, 3.0, 4.0]  # run 5-8 placed ahead
+    limit["until"] = 6  # a hook now acts at step 6: the run placed ahead is two steps too long
+    run = source.next(4)
+    assert xs(run) == [5.0, 6.0] and run.batch["x"].tolist() == [5.0, 6.0]
+    assert place.placed == [1.0, 5.0, 5.0, 7.0]  # placed again, then the next ahead
+    limit["until"] = 100
+    assert xs(source.next(6)) == [7.0, 8.0, 9.0, 10.0]
 
 
 def test_as_run_of_one_batch_gives_it_twice_and_of_a_list_stacks_it():
@@ -223,4 +255,4 @@ def test_a_batch_already_on_the_device_mid_stream_loses_none_of_the_batches_take
     data = iter([{"x": np.float32(1)}, {"x": np.float32(2)}, {"x": jnp.float32(3)}, {"x": np.float32(4)},
                  {"x": np.float32(5)}])
     source = BatchSource(data, 1, no_limit, prefetch=2)
-    assert [float(source.next(step)["x"]) for step in range(5)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [xs(source.next(step)) for step in range(5)] == [[1.0], [2.0], [3.0], [4.0], [5.0]]
