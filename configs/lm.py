@@ -70,8 +70,8 @@ def get_config() -> dict:
         #            ["heads", "tensor"], ["length", None], ["kv", None]]}
         "sharding": None,
         # perf/* summaries: steps, examples and tokens per second, TFLOP/s per device and MFU. None: jaxmon's figure
-        # (a step's FLOPs: XLA's count, every loop by its trip count; examples: data.batch_size rows; tokens:
-        # theirs; the peak: jaxmon's table by the device's kind); a number takes its place
+        # (a step's FLOPs: the Transformer's model count, 6N + 12·L·T·d a token; examples: data.batch_size rows;
+        # tokens: theirs; the peak: jaxmon's table by the device's kind); a number takes its place
         "perf": {"every_n_steps": 100, "peak_tflops": None, "flops_per_step": None, "examples_per_step": None,
                  "tokens_per_step": None},
     }

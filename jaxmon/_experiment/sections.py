@@ -17,6 +17,7 @@ from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve
 from jaxmon._ops.throughput import FIGURES, Throughput, check_figures
 from jaxmon._run.training import MonitoredTrainingSession
+from jaxmon.models import Transformer, transformer_flops_per_token
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.
 _RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config",
@@ -211,12 +212,14 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
-                  workdir: str) -> Throughput:
+                  workdir: str, model: Any = None) -> Throughput:
     """The `perf` section's hook (`every_n_steps`, default 100, and `PERF_FIGURES`, each None
     by default), which logs each write and takes the place of the session's own. Unless
     the section gives them, a step counts `batch_size` examples (all processes: each step
-    is one batch of `data.batch_size` rows, with accumulated gradients too), for the "lm"
-    task the tokens of those rows (`row`: one example's input), and XLA's count of FLOPs."""
+    is one batch of `data.batch_size` rows, with accumulated gradients too), and for the
+    "lm" task the tokens of those rows (`row`: one example's input) and, on
+    `jaxmon.models.Transformer` (`model`), the FLOPs of its model count; other steps'
+    FLOPs are XLA's count."""
     perf = dict(get_key(config, "perf", dict, {}))
     every = perf.pop("every_n_steps", 100)
     figures = {name: perf.pop(name, None) for name in PERF_FIGURES}
@@ -229,6 +232,16 @@ def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, bat
             raise ConfigError(f"perf.{name}={value!r}: give {FIGURES[name]} (a number > 0), or None.") from None
     lm = config.get("task") == "lm"
     tokens = batch_size * int(np.size(row)) if lm else None
+    flops = _model_flops(model, tokens, int(np.shape(row)[-1])) if lm and isinstance(model, Transformer) else None
     given = {name: value for name, value in figures.items() if value is not None}
-    figures = {"examples_per_step": batch_size, "tokens_per_step": tokens, **given}
+    figures = {"examples_per_step": batch_size, "tokens_per_step": tokens, "flops_per_step": flops, **given}
     return Throughput(step_fn, **figures, every_n_steps=every, output_dir=workdir, log=True)
+
+
+def _model_flops(model: Transformer, tokens: int, length: int) -> Callable[[Any, Any], float]:
+    """The FLOPs of a step of `tokens` tokens in rows of `length` through `model`, by its
+    model count, from the shapes of the state's parameters (on the perf thread)."""
+    def flops(state: Any, batch: Any) -> float:
+        return tokens * transformer_flops_per_token(model, state.params, length)
+
+    return flops

@@ -1,15 +1,15 @@
 """Throughput (`perf/*` summaries, one of `MonitoredTrainingSession`'s services): steps,
 examples and tokens per second, TFLOP/s per device and MFU against the device's peak.
 
-A step's FLOPs are the caller's (`flops_per_step`), else counted once by `step_flops`
-(XLA's count of the step with every loop counted by its trip count), on a thread of its
-own from the end of the first run: the loop does not wait for it. That count is of the
-step function lowered on the session's state and one step's batch, as XLA's HLO has it
-before its optimisations: the model's forward and backward pass and the optimizer's
-update, without what jaxmon adds to the step (its accumulators). Attention is counted as
-computed: a causal mask does not halve the count (MaxText's newer MFU halves it; the two
-do not compare). A figure that cannot be computed is said once in the log, with why and
-what to give instead.
+A step's FLOPs are the caller's (`flops_per_step`; `jaxmon train` gives the built-in
+LM's model count), else counted once by `step_flops` (XLA's count of the step with every
+loop counted by its trip count), on a thread of its own from the end of the first run:
+the loop does not wait for it. That count is of the step function lowered on the
+session's state and one step's batch, as XLA's HLO has it before its optimisations: the
+model's forward and backward pass and the optimizer's update, without what jaxmon adds
+to the step (its accumulators). Attention is counted as computed: a causal mask does not
+halve the count (MaxText's newer MFU halves it; the two do not compare). A figure that
+cannot be computed is said once in the log, with why and what to give instead.
 """
 
 from __future__ import annotations
