@@ -5,8 +5,9 @@ accumulates its gradients over 4 micro-batches in a `lax.scan` was counted at 0.
 the same step unrolled. So the step is traced to a jaxpr and XLA counts the whole; then
 each `scan` in it (a `fori_loop` with static bounds is one) has its body counted alone
 (its own loops counted the same way first), and the step gets `length x body - body`
-more. The trip count of a `while_loop` is known only as it runs: it stays counted once,
-and the count says how many such loops the step holds. Calls (jit, custom_jvp and
+more. The trip count of a `while_loop` is known only as it runs, and a scan whose body
+does not lower alone (one over the collectives of a `shard_map`) has no count of its own:
+each stays counted once, and the count says how many such loops the step holds. Calls (jit, custom_jvp and
 custom_vjp, remat, `cond`'s branches, of which XLA counts the dearest) are looked into.
 
 XLA counts the program before its optimisations (`Lowered.cost_analysis`); not every
@@ -29,13 +30,14 @@ class StepFlops(NamedTuple):
     Attributes:
       flops: the count; None where there is none (`why` says why).
       platform: whose lowering XLA counted ("cpu" where the session's platform gives no count).
-      while_loops: how many `while_loop`s (trip count unknown) were counted once each.
+      counted_once: how many loops were counted once, not by their trip count (`while_loop`s,
+        scans whose body does not lower alone).
       why: why there is no count (None with a count).
     """
 
     flops: float | None
     platform: str
-    while_loops: int = 0
+    counted_once: int = 0
     why: str | None = None
 
 
@@ -78,7 +80,7 @@ def _count(step_fn: Callable[..., Any], state: Any, batch: Any, platform: str) -
     whole = _flops(traced.lower().cost_analysis())
     loops = _Loops()
     extra = loops.extra(traced.jaxpr.jaxpr)
-    return StepFlops(whole + extra, platform, loops.while_loops)
+    return StepFlops(whole + extra, platform, loops.counted_once)
 
 
 def xla_flops(closed: core.ClosedJaxpr) -> float:
@@ -98,10 +100,10 @@ def _flops(cost: Any) -> float:
 
 
 class _Loops:
-    """The FLOPs XLA's count leaves out of a jaxpr's loops, and the while loops it cannot count."""
+    """The FLOPs XLA's count leaves out of a jaxpr's loops, and the loops it cannot count."""
 
     def __init__(self):
-        self.while_loops = 0
+        self.counted_once = 0
 
     def extra(self, jaxpr: core.Jaxpr) -> float:
         """What XLA's count of `jaxpr` lacks: each scan's body counted `length - 1` times more."""
@@ -110,10 +112,16 @@ class _Loops:
     def _extra(self, equation: core.JaxprEqn) -> float:
         name, params = equation.primitive.name, equation.params
         if name == "scan":
-            once = xla_flops(params["jaxpr"])
+            try:
+                once = xla_flops(params["jaxpr"])
+            except _NoCount:
+                raise
+            except Exception:  # noqa: BLE001 - a body that does not lower alone (collectives): as XLA counts it
+                self.counted_once += 1
+                return self.extra(params["jaxpr"].jaxpr)
             return params["length"] * (once + self.extra(params["jaxpr"].jaxpr)) - once
         if name == "while":
-            self.while_loops += 1  # its body counted once, the loops inside it by their trip counts
+            self.counted_once += 1  # its body counted once, the loops inside it by their trip counts
         if name == "cond":
             return self._cond(params["branches"])
         return sum(self.extra(inner) for inner in core.jaxprs_in_params(params))

@@ -197,9 +197,10 @@ def _said(counted: StepFlops) -> float | None:
     if counted.platform != jax.default_backend():
         logger.info("perf: XLA gives no FLOP count on %s before compiling; the step's FLOPs are its count of the step "
                     "lowered for the %s.", jax.default_backend(), counted.platform.upper())
-    if counted.while_loops:
-        logger.warning("perf: the step holds %d while loop(s) whose trip count is known only as they run: each is "
-                       "counted once, so TFLOP/s and MFU are low; for the true figures %s.", counted.while_loops,
+    if counted.counted_once:
+        logger.warning("perf: %d loop(s) of the step are counted once, not by their trip count (a while_loop's is "
+                       "known only as it runs; a scan whose body does not lower alone, as in a shard_map, keeps XLA's "
+                       "count): TFLOP/s and MFU are low; for the true figures %s.", counted.counted_once,
                        _GIVE.format("flops_per_step"))
     return counted.flops
 

@@ -1,11 +1,13 @@
 """A step's FLOPs (`step_flops`): XLA's count with every loop counted by its trip count,
-against the same step unrolled; while loops counted once and said; a platform whose XLA
-gives no count has the step counted lowered for the CPU."""
+against the same step unrolled; while loops, and a scan whose body does not lower alone,
+counted once and said; a platform whose XLA gives no count has the step counted lowered
+for the CPU."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jaxmon._ops.flops import StepFlops, step_flops
 
@@ -66,7 +68,7 @@ def test_the_unrolled_step_is_xlas_own_count():
 def test_a_loop_of_micro_batches_counts_as_the_same_step_unrolled(step):
     full = step_flops(unrolled, PARAMS, BATCH).flops
     counted = step_flops(step, PARAMS, BATCH)
-    assert counted.flops == pytest.approx(full, rel=0.05) and counted.while_loops == 0
+    assert counted.flops == pytest.approx(full, rel=0.05) and counted.counted_once == 0
     if step is scanned and jax.default_backend() == "cpu":  # what XLA alone says: the body once
         assert jax.jit(step).lower(PARAMS, BATCH).cost_analysis()["flops"] < 0.3 * full
 
@@ -86,8 +88,20 @@ def test_a_while_loop_is_counted_once_and_the_count_says_so():
         return update(params, jax.lax.while_loop(lambda carry: carry[0] < 4, body, (0, zeros()))[1])
 
     counted = step_flops(step, PARAMS, BATCH)
-    assert counted.while_loops == 1
+    assert counted.counted_once == 1
     assert counted.flops == pytest.approx(step_flops(unrolled, PARAMS, BATCH).flops / 4, rel=0.1)
+
+
+def test_a_scan_whose_body_does_not_lower_alone_keeps_xlas_count_and_the_count_says_so():
+    mesh = jax.make_mesh((1,), ("d",))
+
+    def step(w, x):
+        def local(w, x):  # the body's psum names the shard_map's axis: it lowers only inside it
+            return jax.lax.scan(lambda h, _: (h @ w + jax.lax.psum(h.sum(), "d"), None), x, None, length=4)[0]
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P()), out_specs=P())(w, x), {}
+
+    counted = step_flops(step, jnp.ones((8, 8)), jnp.ones((4, 8)))
+    assert counted.counted_once == 1 and 2 * 4 * 8 * 8 <= counted.flops < 2 * 2 * 4 * 8 * 8  # one matmul's worth
 
 
 def test_where_the_platform_gives_no_count_the_step_lowered_for_the_cpu_is_counted(monkeypatch):

@@ -133,8 +133,9 @@ def test_each_figure_that_cannot_be_computed_is_said_once_with_why_and_the_fix(t
     if platform != "cpu":  # a GPU's XLA gives no count before compiling
         said.append(("INFO", f"perf: XLA gives no FLOP count on {platform} before compiling; the step's FLOPs are its "
                              "count of the step lowered for the CPU."))
-    said.append(("WARNING", "perf: the step holds 1 while loop(s) whose trip count is known only as they run: each is "
-                            "counted once, so TFLOP/s and MFU are low; for the true figures give flops_per_step= to "
+    said.append(("WARNING", "perf: 1 loop(s) of the step are counted once, not by their trip count (a while_loop's is "
+                            "known only as it runs; a scan whose body does not lower alone, as in a shard_map, keeps "
+                            "XLA's count): TFLOP/s and MFU are low; for the true figures give flops_per_step= to "
                             "MonitoredTrainingSession (perf.flops_per_step in a jaxmon config)."))
     assert perf_notes(caplog) == said
 
