@@ -38,5 +38,7 @@ def get_config() -> dict:
             "scan_unroll": "auto",  # how that scan compiles: "auto", an unroll int (1: a loop) or True (fully)
         },
         "warm_start": None,  # a checkpoint directory to take the model's parameters from, on a fresh start
-        "perf": {"every_n_steps": 250, "peak_tflops": None},  # perf/* summaries; MFU against peak_tflops per device
+        # perf/* summaries; None: jaxmon's figure (FLOPs: XLA's count of the step; the peak: by the device's kind)
+        "perf": {"every_n_steps": 250, "peak_tflops": None, "flops_per_step": None, "examples_per_step": None,
+                 "tokens_per_step": None},
     }

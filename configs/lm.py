@@ -69,7 +69,9 @@ def get_config() -> dict:
         # {"rules": [["batch", ["data", "fsdp"]], ["embed", "fsdp"], ["vocab", "tensor"], ["mlp", "tensor"],
         #            ["heads", "tensor"], ["length", None], ["kv", None]]}
         "sharding": None,
-        # perf/* summaries: steps, examples and tokens per second, TFLOP/s per device (XLA's count of the
-        # step) and MFU against peak_tflops, one device's (None: jaxmon's table by the device's kind)
-        "perf": {"every_n_steps": 100, "peak_tflops": None},
+        # perf/* summaries: steps, examples and tokens per second, TFLOP/s per device and MFU. None: jaxmon's figure
+        # (a step's FLOPs: the Transformer's model count, 6N + 12·L·T·d a token; examples: data.batch_size rows;
+        # tokens: theirs; the peak: jaxmon's table by the device's kind); a number takes its place
+        "perf": {"every_n_steps": 100, "peak_tflops": None, "flops_per_step": None, "examples_per_step": None,
+                 "tokens_per_step": None},
     }

@@ -1,6 +1,7 @@
 """Small Flax models for config-driven experiments (`model: {"name": "jaxmon.models:CNN"}`):
 an `MLP`, a `CNN`, and a causal `Transformer` language model whose parameters carry
-logical axis names (`TRANSFORMER_RULES` shards them over a data/fsdp/tensor mesh).
+logical axis names (`TRANSFORMER_RULES` shards them over a data/fsdp/tensor mesh), with
+its documented count of FLOPs a token (`transformer_flops_per_token`).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -12,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["CNN", "MLP", "TRANSFORMER_RULES", "Transformer"]
+__all__ = ["CNN", "MLP", "TRANSFORMER_RULES", "Transformer", "transformer_flops_per_token"]
 
 
 class MLP(nn.Module):
@@ -243,6 +245,35 @@ class Transformer(nn.Module):
         x = _layer_norm(dtype, "final_norm", param_dtype)(x)
         logits = _dense(self.vocab_size, ("embed", "vocab"), dtype, "readout", param_dtype)(x)
         return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def transformer_flops_per_token(model: Transformer, params: Any, length: int) -> float:
+    """The FLOPs a `Transformer` spends on one token of a training step (forward and
+    backward), by the documented model count: 6N + 12·L·T·d (nanoGPT's `estimate_mfu`;
+    PaLM, appendix B). N counts the parameters a token's matmuls use: all but the learned
+    positions and the token embedding (a lookup: the read-out has weights of its own),
+    biases and norms included as nanoGPT counts them; L is `num_layers`, d `embed_dim`,
+    T the rows' `length`. Causal attention is not halved: 12·L·T·d counts every query
+    against every key, as nanoGPT does (MaxText's newer count halves it; the two do not
+    compare). The optimizer's update, the softmax and other element-wise work are not counted.
+
+    Args:
+      model: the model.
+      params: its parameters (arrays or shapes, boxed or not).
+      length: the tokens of one row (T).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> model = Transformer(vocab_size=11, max_len=8, num_layers=1, embed_dim=8, mlp_dim=16, num_heads=2)
+      >>> params = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
+      >>> n = 8 * (3 * 8) + 2 * 8 + 8 * 8 + 8 + 8 * 16 + 16 + 16 * 8 + 8 + 4 * 8 + 2 * 8 + 8 * 11 + 11
+      >>> transformer_flops_per_token(model, params, 8) == 6 * n + 12 * 1 * 8 * 8
+      True
+    """
+    params = nn.meta.unbox(params)
+    n = sum(math.prod(np.shape(leaf)) for name, tree in params.items() if name not in ("embed", "position")
+            for leaf in jax.tree.leaves(tree))
+    return float(6 * n + 12 * model.num_layers * length * model.embed_dim)
 
 
 def _dtype(value: Any, name: str) -> np.dtype:

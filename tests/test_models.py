@@ -1,7 +1,7 @@
 """The parts of the character language model: `jaxmon.models.Transformer` (shapes,
-causality, logical partitioning under `TRANSFORMER_RULES`), `jaxmon.datasets.python_text`
-(packed rows of the standard library's sources) and `unigram_entropy`, and
-`configs/lm.py`, which joins them."""
+causality, logical partitioning under `TRANSFORMER_RULES`, its FLOPs a token),
+`jaxmon.datasets.python_text` (packed rows of the standard library's sources) and
+`unigram_entropy`, and `configs/lm.py`, which joins them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxmon as jm
 from jaxmon.datasets import PYTHON_TEXT_VOCAB, python_text, unigram_entropy
-from jaxmon.models import TRANSFORMER_RULES, Transformer
+from jaxmon.models import TRANSFORMER_RULES, Transformer, transformer_flops_per_token
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = Transformer(vocab_size=16, max_len=8, num_layers=2, num_heads=2, embed_dim=8, mlp_dim=12)
@@ -124,6 +124,15 @@ def test_transformer_rules_shard_the_batch_before_the_embedding():
                                                                                          "tensor")
 
 
+def test_transformer_flops_a_token_at_gpt2_small_shapes_are_the_documented_count():
+    model = Transformer(vocab_size=128, max_len=1024, num_layers=12, num_heads=12, embed_dim=768, mlp_dim=3072)
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 1024), jnp.int32))["params"]
+    total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(nn.meta.unbox(boxed)))
+    n = total - 128 * 768 - 1024 * 768  # less the token embedding (a lookup) and the learned positions
+    assert total == 86_029_952 and transformer_flops_per_token(model, boxed, 1024) == 6 * n + 12 * 12 * 1024 * 768
+    assert transformer_flops_per_token(model, nn.meta.unbox(boxed), 1024) == pytest.approx(6.24e8, rel=1e-3)
+
+
 def test_transformer_refuses_rows_longer_than_max_len_and_odd_heads(params):
     with pytest.raises(ValueError, match=r"max_len=8; got shape \(1, 9\)"):
         jax.eval_shape(MODEL.apply, {"params": params}, jnp.zeros((1, 9), jnp.int32))
@@ -134,7 +143,7 @@ def test_transformer_refuses_rows_longer_than_max_len_and_odd_heads(params):
 
 _SHARDED = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
-    from jaxmon.models import TRANSFORMER_RULES, Transformer
+    from jaxmon.models import TRANSFORMER_RULES, Transformer, transformer_flops_per_token
     model = Transformer(vocab_size=16, max_len=8, num_layers=1, num_heads=2, embed_dim=8, mlp_dim=12)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 16, (4, 8)), jnp.int32)
     boxed = jax.jit(model.init)(jax.random.key(0, impl="rbg"), tokens)["params"]

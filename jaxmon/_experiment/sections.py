@@ -15,12 +15,16 @@ import optax
 import jaxmon
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve
-from jaxmon._ops.throughput import Throughput
+from jaxmon._ops.throughput import FIGURES, Throughput, check_figures
 from jaxmon._run.training import MonitoredTrainingSession
+from jaxmon.models import Transformer, transformer_flops_per_token
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.
 _RESERVED = {"step_fn", "init_fn", "state", "data", "checkpoint_dir", "hooks", "chief_only_hooks", "config",
              "mesh", "state_sharding", "batch_sharding"}
+
+#: The `perf` section's figures: `Throughput`'s (and `MonitoredTrainingSession`'s) arguments.
+PERF_FIGURES = ("peak_tflops", "flops_per_step", "examples_per_step", "tokens_per_step")
 
 
 def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
@@ -193,6 +197,8 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
     known = {name for cls in (MonitoredTrainingSession, jaxmon.MonitoredSession)
              for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")}
     for name in args:
+        if name in PERF_FIGURES:
+            raise ConfigError(f"session.{name} goes in the perf section: give perf.{name} instead.")
         if name in _RESERVED:
             raise ConfigError(f"session.{name} is set by the experiment itself; remove it from the config.")
         if name not in known:
@@ -206,18 +212,36 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
-                  workdir: str) -> Throughput:
-    """The `perf` section's hook: `{"every_n_steps": 100, "peak_tflops": None}` (None: by the
-    device), counting `batch_size` examples a step (all processes) and, for the "lm"
-    task, as many tokens as their rows (`row`: one example's input) hold; it logs each
-    write. It takes the place of the session's own (which counts no tokens)."""
+                  workdir: str, model: Any = None) -> Throughput:
+    """The `perf` section's hook (`every_n_steps`, default 100, and `PERF_FIGURES`, each None
+    by default), which logs each write and takes the place of the session's own. Unless
+    the section gives them, a step counts `batch_size` examples (all processes: each step
+    is one batch of `data.batch_size` rows, with accumulated gradients too), and for the
+    "lm" task the tokens of those rows (`row`: one example's input) and, on
+    `jaxmon.models.Transformer` (`model`), the FLOPs of its model count; other steps'
+    FLOPs are XLA's count."""
     perf = dict(get_key(config, "perf", dict, {}))
     every = perf.pop("every_n_steps", 100)
-    peak = perf.pop("peak_tflops", None)
+    figures = {name: perf.pop(name, None) for name in PERF_FIGURES}
     if perf:
-        raise ConfigError(f"perf has unknown keys {sorted(perf)}; it takes every_n_steps and peak_tflops.")
-    if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or peak <= 0):
-        raise ConfigError(f"perf.peak_tflops={peak!r}: give the peak TFLOP/s of one device (> 0), or None.")
-    tokens = batch_size * int(np.size(row)) if config.get("task") == "lm" else None
-    return Throughput(step_fn, examples_per_step=batch_size, tokens_per_step=tokens, peak_tflops=peak,
-                      every_n_steps=every, output_dir=workdir, log=True)
+        raise ConfigError(f"perf has unknown keys {sorted(perf)}; it takes every_n_steps, {', '.join(PERF_FIGURES)}.")
+    for name, value in figures.items():
+        try:
+            check_figures("perf", **{name: value})
+        except (TypeError, ValueError):
+            raise ConfigError(f"perf.{name}={value!r}: give {FIGURES[name]} (a number > 0), or None.") from None
+    lm = config.get("task") == "lm"
+    tokens = batch_size * int(np.size(row)) if lm else None
+    flops = _model_flops(model, tokens, int(np.shape(row)[-1])) if lm and isinstance(model, Transformer) else None
+    given = {name: value for name, value in figures.items() if value is not None}
+    figures = {"examples_per_step": batch_size, "tokens_per_step": tokens, "flops_per_step": flops, **given}
+    return Throughput(step_fn, **figures, every_n_steps=every, output_dir=workdir, log=True)
+
+
+def _model_flops(model: Transformer, tokens: int, length: int) -> Callable[[Any, Any], float]:
+    """The FLOPs of a step of `tokens` tokens in rows of `length` through `model`, by its
+    model count, from the shapes of the state's parameters (on the perf thread)."""
+    def flops(state: Any, batch: Any) -> float:
+        return tokens * transformer_flops_per_token(model, state.params, length)
+
+    return flops

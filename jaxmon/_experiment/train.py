@@ -230,7 +230,7 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                                                eval_batches=parts.eval_batches, workdir=workdir,
                                                eval_metrics=task.eval_metrics)
     chief_only_hooks.append(throughput_of(config, task.step_fn, batch_size=parts.data.batch_size,
-                                          row=parts.data.example["x"][0], workdir=workdir))
+                                          row=parts.data.example["x"][0], workdir=workdir, model=parts.context.model))
     session_args = session_args_of(config)
     report_changes(config, workdir, report)
     return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,

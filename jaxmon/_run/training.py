@@ -13,7 +13,7 @@ import numpy as np
 from jaxmon._base import errors as _errors
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Declared
-from jaxmon._ops.throughput import Throughput
+from jaxmon._ops.throughput import Throughput, check_figures
 from jaxmon._run.session import MonitoredSession
 from jaxmon._writers import SummaryWriterCache
 from jaxmon.hooks import CheckpointSaverHook, GoodputHook, StepCounterHook, SummarySaverHook
@@ -29,13 +29,13 @@ class MonitoredTrainingSession(MonitoredSession):
     On the chief (by default `jax.process_index() == 0`) the hooks are, in TF's order:
     `chief_only_hooks`, then a `StepCounterHook` (every `log_step_count_steps`) and a
     `SummarySaverHook` writing into `summary_dir` (with, at its cadence, a `GoodputHook`:
-    where the run's time went, and `perf/*` summaries: steps, examples, TFLOP/s and MFU
-    per second, see docs/performance.md), then a `CheckpointSaverHook`
-    into `checkpoint_dir`, then `hooks`. Other processes get `hooks` only, plus the
-    `CheckpointSaverHook` when there are several JAX processes (Orbax saves
-    collectively; process 0 writes the metadata). Every process restores the latest
-    checkpoint of `checkpoint_dir` at creation, and the saver writes a last checkpoint
-    at close.
+    where the run's time went, and `perf/*` summaries: steps, examples and tokens per
+    second, TFLOP/s per device and MFU, see docs/performance.md), then a
+    `CheckpointSaverHook` into `checkpoint_dir`, then `hooks`. Other processes get
+    `hooks` only, plus the `CheckpointSaverHook` when there are several JAX processes
+    (Orbax saves collectively; process 0 writes the metadata). Every process restores
+    the latest checkpoint of `checkpoint_dir` at creation, and the saver writes a last
+    checkpoint at close.
 
     Defaults, as TF resolves them: neither `save_summaries_steps` nor
     `save_summaries_secs` given → every 100 steps; neither `save_checkpoint_secs` nor
@@ -68,6 +68,14 @@ class MonitoredTrainingSession(MonitoredSession):
       writers: more writers of what the chief writes to `summary_dir` (an experiment
         tracker's: `jm.MlflowWriter`), on the report thread with the rest; closed with
         the summaries.
+      peak_tflops, flops_per_step, examples_per_step, tokens_per_step: the `perf/*`
+        summaries' figures (numbers > 0), each None for jaxmon's own: one device's dense
+        peak TFLOP/s (None: jaxmon's table by the device's kind; `perf/mfu` needs one);
+        the FLOPs of one step, all devices together (None: XLA's count of the step,
+        every loop counted by its trip count); the examples of one step, all processes
+        together (None: the leading axis of the step's batch: 4, not 32, for batches of
+        4 micro-batches of 8 rows); the tokens of one step (None: no
+        `perf/tokens_per_sec`). A figure that cannot be computed is said once in the log.
       **kwargs: anything else `MonitoredSession` takes (`warm_start`,
         `max_recoveries`, `donate_state`, `handle_sigterm`, ...).
 
@@ -107,6 +115,10 @@ class MonitoredTrainingSession(MonitoredSession):
         config: Mapping[str, Any] | None = None,
         hparams: Mapping[str, Any] | None = None,
         writers: Iterable[Any] = (),
+        peak_tflops: float | None = None,
+        flops_per_step: float | None = None,
+        examples_per_step: float | None = None,
+        tokens_per_step: float | None = None,
         **kwargs: Any,
     ):
         if hparams is not None and not isinstance(hparams, Mapping):
@@ -118,6 +130,9 @@ class MonitoredTrainingSession(MonitoredSession):
         if log_step_count_steps is not None:
             _errors.check_int("log_step_count_steps", log_step_count_steps, minimum=0)
         _errors.check_number("max_wait_secs", max_wait_secs)
+        figures = {"peak_tflops": peak_tflops, "flops_per_step": flops_per_step,
+                   "examples_per_step": examples_per_step, "tokens_per_step": tokens_per_step}
+        check_figures("MonitoredTrainingSession", **figures)
         self.is_chief = jax.process_index() == 0 if is_chief is None else bool(is_chief)
         if checkpoint_dir is not None:
             checkpoint_dir = os.fspath(checkpoint_dir)
@@ -142,7 +157,7 @@ class MonitoredTrainingSession(MonitoredSession):
                                                     every_n_secs=save_summaries_secs))
                     if not any(isinstance(hook, Throughput) for hook in standard):  # `jaxmon train`'s replaces it
                         standard.append(Throughput(step_fn, output_dir=summary_dir, every_n_steps=save_summaries_steps,
-                                                   every_n_secs=save_summaries_secs))
+                                                   every_n_secs=save_summaries_secs, **figures))
         elif jax.process_count() > 1:  # every process compiles the same step: the chief's accumulators, unread
             chief = list(() if chief_only_hooks is None else chief_only_hooks)
             if summary_dir is not None and (save_summaries_steps or save_summaries_secs):
