@@ -2,7 +2,8 @@
 # Runs a benchmark with JAX on a GPU machine whose Python has jax (CUDA), flax, optax and
 # orbax but may lack pure-Python packages and the network: wheels carried in .wheels/
 # (tensorboardX: `.venv/bin/pip download --no-deps -d .wheels tensorboardX`) are installed
-# from there first.
+# from there first. No JAX process preallocates the GPU's memory
+# (XLA_PYTHON_CLIENT_PREALLOCATE=false, unless set): several share it.
 #
 # Usage: bash benchmarks/gpu.sh [SCRIPT [ARGS...]]   (default: benchmarks/suite.py --no-peers)
 #        bash benchmarks/gpu.sh --test [PYTEST ARGS...]   (the test suite: `make test-gpu`)
@@ -16,6 +17,7 @@ if compgen -G ".wheels/*.whl" >/dev/null; then
 fi
 python3 -c 'import jax, tensorboardX, yaml; print("devices:", jax.devices(), "jax", jax.__version__, file=__import__("sys").stderr)'
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
 if [ "${1-}" = "--test" ]; then
   shift
   # Installed (no dependencies, none fetched): the tests also run the `jaxmon` command.
