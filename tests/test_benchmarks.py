@@ -4,8 +4,10 @@ whose environment is missing or broken with a message. No timing is asserted."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -105,6 +107,36 @@ def test_transformer_overhead_times_every_loop_on_the_lm_configs_step():
     assert sorted(report["median_us_per_step"]) == ["bare", "default", "default_k8", "session"]
     assert all(us > 0 for us in report["median_us_per_step"].values()) and report["ratio_to_bare"]["bare"] == 1.0
     assert report["overrides"] == ["model.num_layers=1", "model.embed_dim=16", "model.mlp_dim=32"]
+
+
+def test_transformer_overhead_says_at_once_which_session_diverged_in_its_warm_up_and_why():
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "transformer_overhead.py", "--steps", "2", "--cycles", "1", "--warmup",
+                             "8", "--override", "model.num_layers=1", "--override", "model.embed_dim=16", "--override",
+                             "model.mlp_dim=32", "--override", "optimizer.learning_rate.peak_value=1e6"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                            env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = result.stderr.splitlines()  # one line, no traceback
+    stopped = json.loads(result.stdout)["stopped"]
+    assert line == f"transformer_overhead: {stopped}"
+    assert re.match(r"default failed at step 8: NanLossDuringTrainingError: NaN loss during training: 'loss' = nan "
+                    r"at step \d+\..*\(in its warm-up of 8 steps\)$", stopped)
+    assert time.monotonic() - start < 120  # ended at once, not at a time limit
+
+
+def test_a_session_that_stops_without_an_error_is_said_to_have_stopped_early():
+    program = ("import jax.numpy as jnp, jaxmon as jm, itertools\n"
+               "from transformer_overhead import Stopped, session_loop\n"
+               "sess = jm.MonitoredSession(lambda s, b: (s + b, {'loss': s}), lambda: jnp.zeros(()),\n"
+               "    data=itertools.repeat(jnp.ones(())), hooks=[jm.StopAtStepHook(last_step=3)])\n"
+               "try:\n"
+               "    session_loop('default', sess)(10)\n"
+               "except Stopped as stop:\n"
+               "    print(stop)\n")
+    result = run("-c", program)
+    assert result.stdout.strip() == ("default stopped early at step 3: it closed without an error "
+                                     "(a stop was requested)")
 
 
 def test_host_cost_times_the_main_thread_of_every_variant():
