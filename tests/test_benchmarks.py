@@ -40,6 +40,45 @@ def test_suite_times_every_variant_and_skips_peers_it_cannot_start(tmp_path):
     assert report["versions"]["jaxmon"] and report["versions"]["orbax-checkpoint"]
 
 
+FAKE_PEER = """
+import os, sys
+sys.path.insert(0, {peers!r})
+from serve import serve
+requests = []
+def measure(variant, steps, warmup):
+    requests.append(variant)
+    if len(requests) == {dies_at}:
+        print("fake peer: out of memory", file=sys.stderr, flush=True)
+        os._exit(3)
+    return 1000.0
+serve(measure, {{"fake": "1"}})
+"""
+
+
+def fake_peer_environment(root: pathlib.Path, env: str, dies_at: int) -> None:
+    """`root/env/bin/python`: a worker that answers 1000 µs a step, and exits at request `dies_at` (0: never)."""
+    (root / env / "bin").mkdir(parents=True)
+    worker = root / env / "worker.py"
+    worker.write_text(FAKE_PEER.format(peers=str(BENCHMARKS / "peers"), dies_at=dies_at))
+    python = root / env / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {worker}\n')  # the suite's script arguments left out
+    python.chmod(0o755)
+
+
+def test_a_peer_that_fails_while_measured_is_reported_and_the_others_go_on(tmp_path):
+    fake_peer_environment(tmp_path, "keras", dies_at=3)  # round 2: keras_fit and keras_fit_spe32 answered once
+    fake_peer_environment(tmp_path, "tf", dies_at=0)
+    result = run("suite.py", "--steps", "32", "--warmup", "40", "--rounds", "2", "--peers-dir", str(tmp_path))
+    report = json.loads(result.stdout)
+    assert sorted(report["median_us_per_step"]) == sorted([*LOCAL, "tf1_mts"])
+    assert report["median_us_per_step"]["tf1_mts"] == 1000.0 and report["skipped"] == {}
+    assert sorted(report["failed"]) == ["keras_fit", "keras_fit_spe32"]
+    for variant in ("keras_fit", "keras_fit_spe32"):  # the worker's exit, with its last line
+        assert "exited with status 3: fake peer: out of memory" in report["failed"][variant]
+    assert "failed keras_fit: the worker exited with status 3" in result.stderr
+    assert report["versions"]["keras"] == report["versions"]["tf"] == {"fake": "1"}
+
+
 def test_suite_says_where_to_get_a_missing_peer_environment(tmp_path):
     result = run("suite.py", "--steps", "8", "--warmup", "8", "--rounds", "1", "--peers-dir", str(tmp_path / "none"))
     report = json.loads(result.stdout)
