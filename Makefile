@@ -35,11 +35,17 @@ test-gpu:
 # What `make test-gpu` installs from on a machine without network: the packages such an
 # image lacks (tensorboardX; grain and matplotlib for their tests, with what they need
 # beyond JAX's own), and a setuptools that can install this checkout (pyproject.toml
-# needs >= 77). About 25 MB.
+# needs >= 77). About 25 MB, built for that machine's Python (3.12) on x86-64 Linux:
+# `make wheels WHEELS_PYTHON=3.11` for a venv here that stands for it. Replaces .wheels/.
 WHEELS = tensorboardX grain array_record dm-tree cloudpickle more-itertools portpicker matplotlib contourpy \
 	cycler fonttools kiwisolver pillow pyparsing python-dateutil six 'setuptools>=77'
+WHEELS_PYTHON ?= 3.12
+WHEELS_PLATFORMS = $(foreach tag,manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014,\
+	--platform $(tag)_x86_64)
 wheels: $(STAMP)
-	$(PY) -m pip download --quiet --no-deps -d .wheels $(WHEELS)
+	rm -rf .wheels
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+	  $(WHEELS_PLATFORMS) -d .wheels $(WHEELS)
 
 train: $(STAMP)
 	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default
