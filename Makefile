@@ -23,19 +23,29 @@ test: $(STAMP)
 
 # The suite on a GPU machine whose python3 has jax (CUDA), flax, optax, orbax, pytest,
 # pytest-xdist, tensorboard and pyyaml but no network (no .venv there), on JAX's default
-# platforms: the GPU, with the CPU beside it, 8 workers. Carry .wheels/ there, filled here
-# by `make wheels`: the rest is installed from it. See benchmarks/gpu.sh.
+# platforms: the GPU, with the CPU beside it. 12 workers share the GPU, none preallocating
+# its memory (gpu.sh and tests/conftest.py set XLA_PYTHON_CLIENT_PREALLOCATE=false), so that
+# the suite ends within 5 minutes on a 16-core H200 machine (8 workers ran 71% of it in
+# 150 s there). Carry .wheels/ there, filled here by `make wheels`: the rest is installed
+# from it. See benchmarks/gpu.sh.
+GPU_TEST_WORKERS ?= 12
 test-gpu:
-	bash benchmarks/gpu.sh --test -n 8 --dist loadfile
+	bash benchmarks/gpu.sh --test -n $(GPU_TEST_WORKERS) --dist loadfile
 
 # What `make test-gpu` installs from on a machine without network: the packages such an
 # image lacks (tensorboardX; grain and matplotlib for their tests, with what they need
 # beyond JAX's own), and a setuptools that can install this checkout (pyproject.toml
-# needs >= 77). About 25 MB.
+# needs >= 77). About 25 MB, built for that machine's Python (3.12) on x86-64 Linux:
+# `make wheels WHEELS_PYTHON=3.11` for a venv here that stands for it. Replaces .wheels/.
 WHEELS = tensorboardX grain array_record dm-tree cloudpickle more-itertools portpicker matplotlib contourpy \
 	cycler fonttools kiwisolver pillow pyparsing python-dateutil six 'setuptools>=77'
+WHEELS_PYTHON ?= 3.12
+WHEELS_PLATFORMS = $(foreach tag,manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014,\
+	--platform $(tag)_x86_64)
 wheels: $(STAMP)
-	$(PY) -m pip download --quiet --no-deps -d .wheels $(WHEELS)
+	rm -rf .wheels
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+	  $(WHEELS_PLATFORMS) -d .wheels $(WHEELS)
 
 train: $(STAMP)
 	$(VENV)/bin/jaxmon train --config configs/default.py --workdir runs/default
@@ -58,22 +68,26 @@ bench: $(STAMP)
 	$(PY) benchmarks/suite.py --rounds 7
 	$(PY) benchmarks/suite.py --workload large --rounds 5
 
-# The peers of benchmarks/suite.py, each in its own environment under .venv-peers/:
-# Keras 3 on JAX (with tensorflow-cpu, which its TensorBoard callback writes through)
-# and TF 1.x (tensorflow-cpu). One that cannot be installed is skipped with a message.
+# The peers of benchmarks/suite.py, each in its own environment under $(PEERS):
+# Keras 3 on JAX and TF 1.x, each with tensorflow-cpu and tensorboard, the implementation
+# of tf.summary that TF no longer brings (without it Keras's TensorBoard callback fails:
+# TBNotInstalledError). One that cannot be installed is skipped with a message; one that
+# fails in the suite is reported in its row.
 PEERS := .venv-peers
+# An environment's stamp; -2: with tensorboard (an environment made before gets it added).
+PEER_STAMP := .installed-2
 JAX_VERSION = $(shell $(PY) -c 'import jax; print(jax.__version__)')
 
 bench-peers: $(STAMP)
-	@test -f $(PEERS)/keras/.installed || { $(PYTHON) -m venv $(PEERS)/keras \
-	  && $(PEERS)/keras/bin/pip install --quiet keras jax==$(JAX_VERSION) tensorflow-cpu \
-	  && touch $(PEERS)/keras/.installed; } \
-	  || echo "bench-peers: could not install keras, jax and tensorflow-cpu into $(PEERS)/keras; skipping Keras"
-	@test -f $(PEERS)/tf/.installed || { $(PYTHON) -m venv $(PEERS)/tf \
-	  && $(PEERS)/tf/bin/pip install --quiet tensorflow-cpu && touch $(PEERS)/tf/.installed; } \
-	  || echo "bench-peers: could not install tensorflow-cpu into $(PEERS)/tf; skipping TF 1.x"
-	$(PY) benchmarks/suite.py --rounds 7
-	$(PY) benchmarks/suite.py --workload large --rounds 5
+	@test -f $(PEERS)/keras/$(PEER_STAMP) || { $(PYTHON) -m venv $(PEERS)/keras \
+	  && $(PEERS)/keras/bin/pip install --quiet keras jax==$(JAX_VERSION) tensorflow-cpu tensorboard \
+	  && touch $(PEERS)/keras/$(PEER_STAMP); } \
+	  || echo "bench-peers: could not install keras, jax, tensorflow-cpu and tensorboard into $(PEERS)/keras; skipping Keras"
+	@test -f $(PEERS)/tf/$(PEER_STAMP) || { $(PYTHON) -m venv $(PEERS)/tf \
+	  && $(PEERS)/tf/bin/pip install --quiet tensorflow-cpu tensorboard && touch $(PEERS)/tf/$(PEER_STAMP); } \
+	  || echo "bench-peers: could not install tensorflow-cpu and tensorboard into $(PEERS)/tf; skipping TF 1.x"
+	$(PY) benchmarks/suite.py --rounds 7 --peers-dir $(PEERS)
+	$(PY) benchmarks/suite.py --workload large --rounds 5 --peers-dir $(PEERS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxmon tests examples benchmarks configs

@@ -20,11 +20,13 @@ the order rotates every round; medians of --rounds rounds):
 - tf1_mts: TF 1.x `MonitoredTrainingSession` with its default hooks,
   `LoggingTensorHook` and `NanTensorHook` (`peers/tf1_session.py`).
 The peers run in their own environments (`make bench-peers` creates them under
-.venv-peers/); one that is missing is skipped with a message. Prints JSON: medians,
-ratios to bare_jit and to bare_scan32, versions.
+.venv-peers/, or --peers-dir); one that is missing or does not start is in `skipped`
+with why, and one that fails later (an error, its worker's exit, no answer in 30
+minutes) in `failed` with why, while the other variants go on. Prints JSON: medians,
+ratios to bare_jit and to bare_scan32, versions, skipped and failed variants.
 
 Run: .venv/bin/python benchmarks/suite.py [--workload small|large] [--steps 3200|1000] [--rounds 7]
-     [--interleave] [--no-peers]
+     [--interleave] [--no-peers] [--peers-dir .venv-peers]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -55,6 +58,7 @@ PEERS = {  # variant: (environment under --peers-dir, worker script)
     "keras_fit_spe32": ("keras", "keras_fit.py"),
     "tf1_mts": ("tf", "tf1_session.py"),
 }
+PEER_ANSWER_SECS = 1800  # the longest a peer may take to answer one request (a round) before it counts as failed
 
 
 def make_session(init_fn, step_fn, batch, logdir: str, training: bool, k: int = 1, stop: bool = True):
@@ -112,23 +116,40 @@ def naive_variant(init_fn, step_fn, batch, logdir: str):
 
 
 class Peer:
-    """A worker process in a peer's environment (see `peers/serve.py`)."""
+    """A worker process in a peer's environment (see `peers/serve.py`). Any failure (the
+    worker's error, its exit, no answer within `PEER_ANSWER_SECS`) raises RuntimeError
+    naming it."""
 
-    def __init__(self, python: str, script: str, workload: str, log):
-        self.process = subprocess.Popen([python, os.path.join(HERE, "peers", script), workload], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=log, text=True)
+    def __init__(self, python: str, script: str, workload: str, log_path: str):
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.process = subprocess.Popen([python, os.path.join(HERE, "peers", script), workload],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         self.versions = self._read()["versions"]
 
     def _read(self) -> dict:
+        ready, _, _ = select.select([self.process.stdout], [], [], PEER_ANSWER_SECS)
+        if not ready:
+            self.process.kill()
+            raise RuntimeError(f"the worker gave no answer in {PEER_ANSWER_SECS} s (stopped)")
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"the worker exited with status {self.process.wait()}")
+            raise RuntimeError(f"the worker exited with status {self.process.wait()}: {self._last_log_line()}")
         return json.loads(line)
+
+    def _last_log_line(self) -> str:
+        with open(self.log_path) as log:
+            lines = [line.strip() for line in log.read()[-4000:].splitlines() if line.strip()]
+        return lines[-1] if lines else "it wrote nothing"
 
     def measure(self, variant: str, warmup: int) -> Callable[[int], float]:
         def run(steps: int) -> float:
-            self.process.stdin.write(json.dumps({"variant": variant, "steps": steps, "warmup": warmup}) + "\n")
-            self.process.stdin.flush()
+            try:
+                self.process.stdin.write(json.dumps({"variant": variant, "steps": steps, "warmup": warmup}) + "\n")
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                raise RuntimeError(f"the worker had exited with status {self.process.wait()}: "
+                                   f"{self._last_log_line()}") from None
             answer = self._read()
             if "error" in answer:
                 raise RuntimeError(answer["error"])
@@ -137,8 +158,30 @@ class Peer:
         return run
 
     def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def guarded(variant: str, measure: Callable[[int], float], failed: dict[str, str]) -> Callable[[int], float]:
+    """`measure`, which once it fails records why in `failed[variant]` and is not asked again
+    (NaN): one peer's failure ends its own row, not the comparison."""
+    def run(steps: int) -> float:
+        if variant in failed:
+            return math.nan
+        try:
+            return measure(steps)
+        except Exception as error:
+            failed[variant] = f"failed while measured: {error}"
+            print(f"failed {variant}: {error}; the other variants go on", file=sys.stderr)
+            return math.nan
+
+    return run
 
 
 def start_peers(peers_dir: str, workload: str, warmup: int, logdir: str):
@@ -152,8 +195,7 @@ def start_peers(peers_dir: str, workload: str, warmup: int, logdir: str):
             else:
                 log_path = os.path.join(logdir, f"{env}.log")
                 try:
-                    with open(log_path, "w") as log:
-                        workers[env] = Peer(python, script, workload, log)
+                    workers[env] = Peer(python, script, workload, log_path)
                     versions[env] = workers[env].versions
                 except Exception as error:
                     with open(log_path) as log:
@@ -196,10 +238,10 @@ def main() -> None:
         }
         measures = {name: local(maker, warmup) for name, maker in makers.items()}
         versions = {"jaxmon": jm.__version__, "jax": jax.__version__, "orbax-checkpoint": ocp.__version__}
-        skipped, workers = {}, []
+        skipped, failed, workers = {}, {}, []
         if not args.no_peers:
             peer_measures, peer_versions, skipped, workers = start_peers(args.peers_dir, args.workload, warmup, logdir)
-            measures |= peer_measures
+            measures |= {name: guarded(name, m, failed) for name, m in peer_measures.items()}
             versions |= peer_versions
         try:
             if args.interleave:  # this environment's variants side by side, in slices
@@ -212,8 +254,9 @@ def main() -> None:
         finally:
             for worker in workers:
                 worker.close()
+    times = {name: t for name, t in times.items() if name not in failed}
     result = summary(times, "bare_jit", "bare_scan32", workload=args.workload, steps=steps, rounds=args.rounds,
-                     versions=versions, skipped=skipped)
+                     versions=versions, skipped=skipped, failed=failed)
     print(json.dumps(result, indent=2))
 
 

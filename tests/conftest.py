@@ -4,6 +4,7 @@ The platform: the CPU unless JAX_PLATFORMS is set, which is honoured (the empty 
 JAX's default platforms, e.g. a GPU with the CPU beside it, as `make test-gpu` runs).
 Float32 matmuls at float32 precision, here and in the child processes (which inherit
 the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow 1e-5.
+No process preallocates a GPU's memory.
 """
 
 import os
@@ -21,6 +22,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
+# On a GPU, JAX takes 75% of its memory when a process starts; the test workers and the
+# JAX processes the tests start (which inherit the variable) share one GPU: none preallocates.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # On the CPU, XLA compiles without LLVM's optimisations (`helpers.SUITE_XLA_FLAGS`): the
 # suite's programs are small and run few steps, so compiling them costs more than running

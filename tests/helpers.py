@@ -518,3 +518,13 @@ def tracked_config(directory: pathlib.Path, writer: dict) -> pathlib.Path:
     path = directory / "tracked.py"
     path.write_text(_TRACKED.replace("WRITER", repr(writer)))
     return path
+
+
+def load_benchmark(name: str):
+    """The module `benchmarks/<name>.py`, loaded by path (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

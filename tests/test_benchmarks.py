@@ -4,8 +4,10 @@ whose environment is missing or broken with a message. No timing is asserted."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -36,6 +38,45 @@ def test_suite_times_every_variant_and_skips_peers_it_cannot_start(tmp_path):
         assert "ModuleNotFoundError: No module named" in report["skipped"][variant]
     assert "skipped tf1_mts: its worker failed to start" in result.stderr
     assert report["versions"]["jaxmon"] and report["versions"]["orbax-checkpoint"]
+
+
+FAKE_PEER = """
+import os, sys
+sys.path.insert(0, {peers!r})
+from serve import serve
+requests = []
+def measure(variant, steps, warmup):
+    requests.append(variant)
+    if len(requests) == {dies_at}:
+        print("fake peer: out of memory", file=sys.stderr, flush=True)
+        os._exit(3)
+    return 1000.0
+serve(measure, {{"fake": "1"}})
+"""
+
+
+def fake_peer_environment(root: pathlib.Path, env: str, dies_at: int) -> None:
+    """`root/env/bin/python`: a worker that answers 1000 µs a step, and exits at request `dies_at` (0: never)."""
+    (root / env / "bin").mkdir(parents=True)
+    worker = root / env / "worker.py"
+    worker.write_text(FAKE_PEER.format(peers=str(BENCHMARKS / "peers"), dies_at=dies_at))
+    python = root / env / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {worker}\n')  # the suite's script arguments left out
+    python.chmod(0o755)
+
+
+def test_a_peer_that_fails_while_measured_is_reported_and_the_others_go_on(tmp_path):
+    fake_peer_environment(tmp_path, "keras", dies_at=3)  # round 2: keras_fit and keras_fit_spe32 answered once
+    fake_peer_environment(tmp_path, "tf", dies_at=0)
+    result = run("suite.py", "--steps", "32", "--warmup", "40", "--rounds", "2", "--peers-dir", str(tmp_path))
+    report = json.loads(result.stdout)
+    assert sorted(report["median_us_per_step"]) == sorted([*LOCAL, "tf1_mts"])
+    assert report["median_us_per_step"]["tf1_mts"] == 1000.0 and report["skipped"] == {}
+    assert sorted(report["failed"]) == ["keras_fit", "keras_fit_spe32"]
+    for variant in ("keras_fit", "keras_fit_spe32"):  # the worker's exit, with its last line
+        assert "exited with status 3: fake peer: out of memory" in report["failed"][variant]
+    assert "failed keras_fit: the worker exited with status 3" in result.stderr
+    assert report["versions"]["keras"] == report["versions"]["tf"] == {"fake": "1"}
 
 
 def test_suite_says_where_to_get_a_missing_peer_environment(tmp_path):
@@ -105,6 +146,36 @@ def test_transformer_overhead_times_every_loop_on_the_lm_configs_step():
     assert sorted(report["median_us_per_step"]) == ["bare", "default", "default_k8", "session"]
     assert all(us > 0 for us in report["median_us_per_step"].values()) and report["ratio_to_bare"]["bare"] == 1.0
     assert report["overrides"] == ["model.num_layers=1", "model.embed_dim=16", "model.mlp_dim=32"]
+
+
+def test_transformer_overhead_says_at_once_which_session_diverged_in_its_warm_up_and_why():
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "transformer_overhead.py", "--steps", "2", "--cycles", "1", "--warmup",
+                             "8", "--override", "model.num_layers=1", "--override", "model.embed_dim=16", "--override",
+                             "model.mlp_dim=32", "--override", "optimizer.learning_rate.peak_value=1e6"],
+                            capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                            env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = result.stderr.splitlines()  # one line, no traceback
+    stopped = json.loads(result.stdout)["stopped"]
+    assert line == f"transformer_overhead: {stopped}"
+    assert re.match(r"default failed at step 8: NanLossDuringTrainingError: NaN loss during training: 'loss' = nan "
+                    r"at step \d+\..*\(in its warm-up of 8 steps\)$", stopped)
+    assert time.monotonic() - start < 120  # ended at once, not at a time limit
+
+
+def test_a_session_that_stops_without_an_error_is_said_to_have_stopped_early():
+    program = ("import jax.numpy as jnp, jaxmon as jm, itertools\n"
+               "from transformer_overhead import Stopped, session_loop\n"
+               "sess = jm.MonitoredSession(lambda s, b: (s + b, {'loss': s}), lambda: jnp.zeros(()),\n"
+               "    data=itertools.repeat(jnp.ones(())), hooks=[jm.StopAtStepHook(last_step=3)])\n"
+               "try:\n"
+               "    session_loop('default', sess)(10)\n"
+               "except Stopped as stop:\n"
+               "    print(stop)\n")
+    result = run("-c", program)
+    assert result.stdout.strip() == ("default stopped early at step 3: it closed without an error "
+                                     "(a stop was requested)")
 
 
 def test_host_cost_times_the_main_thread_of_every_variant():

@@ -52,3 +52,12 @@ def test_the_suite_runs_on_the_platforms_jax_platforms_names_at_float32_precisio
         assert jax.default_backend() == names.get(platforms.split(",")[0], platforms.split(",")[0])
     assert jax.config.jax_default_matmul_precision == "float32"
     assert os.environ["JAX_DEFAULT_MATMUL_PRECISION"] == "float32"  # what child processes inherit
+
+
+def test_no_jax_process_of_the_suite_preallocates_a_gpus_memory():
+    # The test workers and the processes they start share one GPU under `make test-gpu`.
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    env = cpu_env(devices=2)
+    report = subprocess.run([sys.executable, "-c", "import os; print(os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert report.stdout.strip() == "false"
