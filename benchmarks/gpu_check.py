@@ -287,6 +287,7 @@ def _json_in(text: str) -> dict | None:
 
 TESTS = ["tests/metrics/test_accumulators_in_session.py::"
          "test_the_default_set_with_logging_and_nan_checks_dispatches_runs_without_waiting",
+         "tests/run/test_quiet_runs.py::test_quiet_runs_of_every_length_and_program_choice_copy_nothing_implicitly",
          "tests/run/test_steps_per_dispatch.py::"
          "test_a_1000_step_run_with_the_usual_hooks_compiles_one_program_per_run_length_at_most",
          "tests/run/test_scan_unroll.py::test_a_run_whose_program_compiles_in_the_background_runs_step_by_step_meanwhile"]
