@@ -3,7 +3,7 @@
 Each part times its own work on the loop's thread and adds it to one category: the data
 iterator (`data`), the first call of each compiled step (`compile`; for a program
 compiled in the background, its first call waits for the rest of its compile and traces
-it again), building or restoring the state (`restore`), the hooks' events (`checkpoint`
+it again), building a fresh state (`init`) or restoring one (`restore`), the hooks' events (`checkpoint`
 for a checkpoint saver's, `evaluation` for an `EvalHook`'s, `hooks` for the rest). The
 rest of the session's life is productive: dispatching steps and waiting for the device.
 A quiet run costs one clock pair, for its batch. `jm.GoodputHook` turns them into the
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 #: The categories a run's wall time is split into, in the order they are reported.
-CATEGORIES = ("productive", "compile", "restore", "checkpoint", "data", "evaluation", "hooks", "lost", "idle")
+CATEGORIES = ("productive", "compile", "init", "restore", "checkpoint", "data", "evaluation", "hooks", "lost",
+              "idle")
 
 
 class TimeSpent:
@@ -28,7 +29,7 @@ class TimeSpent:
 
     def __init__(self) -> None:
         self.start, self.started = time.time(), time.perf_counter()
-        self.secs = dict.fromkeys(("compile", "restore", "checkpoint", "data", "evaluation", "hooks"), 0.0)
+        self.secs = dict.fromkeys(("compile", "init", "restore", "checkpoint", "data", "evaluation", "hooks"), 0.0)
         #: How many steps a recovery or roll-back made this session run again.
         self.redone_steps = 0
 
@@ -115,10 +116,11 @@ def start_up(before: Mapping[str, float], created: Mapping[str, float], session_
     def first_run(*categories: str) -> float:
         return sum(secs[category] - created[category] for category in categories)
 
-    parts = {**before, "state": created["restore"], "checkpoint 0": created["checkpoint"],
-             "session set-up": max(0.0, session_secs - created["restore"] - created["checkpoint"]),
+    state = created["init"] + created["restore"]
+    parts = {**before, "state": state, "checkpoint 0": created["checkpoint"],
+             "session set-up": max(0.0, session_secs - state - created["checkpoint"]),
              "compile": first_run("compile"), "first evaluation": first_run("evaluation"),
-             "first batch and hooks": first_run("data", "hooks", "checkpoint", "restore")}
+             "first batch and hooks": first_run("data", "hooks", "checkpoint", "init", "restore")}
     parts["the rest"] = max(0.0, total - sum(parts.values()))
     return parts
 

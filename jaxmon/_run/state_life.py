@@ -62,7 +62,7 @@ class StateLife:
                  config: Mapping[str, Any] | None,
                  hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int,
                  donate_state: bool = True, spent: dict[str, float] | None = None):
-        self._spent = {"restore": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
+        self._spent = {"init": 0.0, "restore": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:
@@ -100,12 +100,7 @@ class StateLife:
         """
         for attempt in itertools.count(1):
             try:
-                started = time.perf_counter()
-                try:
-                    made = self._restore_or_init(recovering)
-                finally:
-                    self._spent["restore"] += time.perf_counter() - started
-                ready(*made)
+                ready(*self._restore_or_init(recovering))
                 return
             except Exception as error:
                 if recovering is not None and isinstance(error, _StateGone):
@@ -117,16 +112,23 @@ class StateLife:
                                error, attempt, self.max_recoveries)
 
     def _restore_or_init(self, recovering: BaseException | None) -> tuple[Any, int]:
-        restored = self._restore(recovering)
-        self.rejected, self.data_rewound, self.windows = None, False, None
-        if restored is not None:
-            state, step = self._resume(restored, recovering), restored.step
-        else:
-            state, step = self._init_fn(), self._initial_step
-            if self._warm_start is not None:
-                state, self.warm_start_report = _warm_start.warm_start(state, self._warm_start)
-            state = unaliased(state, donated=self._donate_state)
-        return (state if self._placement is not None else committed(state)), step
+        """The state and its step: restored (its time the session's `restore`), else built
+        fresh (its time `init`, with the look for a checkpoint that found none)."""
+        started, category = time.perf_counter(), "restore"
+        try:
+            restored = self._restore(recovering)
+            self.rejected, self.data_rewound, self.windows = None, False, None
+            if restored is not None:
+                state, step = self._resume(restored, recovering), restored.step
+            else:
+                category = "init"
+                state, step = self._init_fn(), self._initial_step
+                if self._warm_start is not None:
+                    state, self.warm_start_report = _warm_start.warm_start(state, self._warm_start)
+                state = unaliased(state, donated=self._donate_state)
+            return (state if self._placement is not None else committed(state)), step
+        finally:
+            self._spent[category] += time.perf_counter() - started
 
     def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
         if self.checkpoint_dir is None or not _checkpoint.complete_steps(self.checkpoint_dir):

@@ -28,7 +28,8 @@ class GoodputHook(TimedHook):
     life: every process that trained it, restarts included (local; no cloud service).
 
     Categories (seconds): `productive` (dispatching steps and waiting for the device),
-    `compile` (the step's compilations), `restore` (building or restoring the state),
+    `compile` (the step's compilations), `init` (building a fresh state), `restore`
+    (restoring one from a checkpoint),
     `checkpoint` (the saver's blocking time: snapshot, host copy, the last save's wait),
     `data` (waiting for the data iterator), `evaluation` (`EvalHook`s), `hooks` (every
     other hook's host time), `lost` (the time of steps a restart or roll-back redid: a

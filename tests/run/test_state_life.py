@@ -7,6 +7,7 @@ with `state=`, which cannot be made twice."""
 from __future__ import annotations
 
 import logging
+import time
 
 import jax
 import jax.numpy as jnp
@@ -78,11 +79,13 @@ def checkpoints(tmp_path_factory):
     return directory
 
 
-def life(checkpoint_dir=None, hooks=(), data=None, init_fn=zero, state=None, initial_step=0, config=None):
+def life(checkpoint_dir=None, hooks=(), data=None, init_fn=zero, state=None, initial_step=0, config=None,
+         spent=None):
     return StateLife(init_fn, state, placement=None, checkpoint_dir=checkpoint_dir, warm_start=None,
                      initial_step=initial_step, config=config, hooks=tuple(hooks),
                      batches=BatchSource(data, 1, lambda step, limit: limit, prefetch=0),
-                     accumulators=Accumulators(hooks, on_read=lambda step, read: None), max_recoveries=0)
+                     accumulators=Accumulators(hooks, on_read=lambda step, read: None), max_recoveries=0,
+                     spent=spent)
 
 
 def create(state_life, recovering=None):
@@ -110,6 +113,19 @@ def test_without_checkpoints_a_fresh_state_is_built_at_the_initial_step(tmp_path
         assert isinstance(state, jax.Array) and state.committed  # as a restored one would be
         assert state_life.restored_step is None and not state_life.data_rewound
     assert len(calls) == 2
+
+
+def test_a_fresh_state_is_init_time_and_a_restored_one_restore_time(tmp_path, checkpoints):
+    def slow_init():
+        time.sleep(0.05)
+        return zero()
+
+    spent = {"init": 0.0, "restore": 0.0}
+    create(life(tmp_path / "empty", init_fn=slow_init, spent=spent))
+    assert spent["init"] >= 0.05 and spent["restore"] == 0.0  # nothing restored: none of it is restore time
+    spent = {"init": 0.0, "restore": 0.0}
+    create(life(checkpoints, init_fn=slow_init, spent=spent))
+    assert spent["restore"] > 0.0 and spent["init"] == 0.0
 
 
 def test_the_latest_checkpoint_is_restored_with_its_step_and_data_position(checkpoints):
