@@ -10,6 +10,7 @@ def get_config() -> dict:
     return {
         "name": "digits-cnn",
         "seed": 0,
+        "prng_impl": "rbg",  # the fresh state's random values: "rbg", "threefry2x32" or "unsafe_rbg" (docs/cli.md)
         "steps": 1500,  # the last step (StopAtStepHook)
         "data": {
             "source": "jaxmon.datasets:digits",  # fn(split, **rest) -> {"x", "y"}

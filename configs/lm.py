@@ -19,6 +19,7 @@ def get_config() -> dict:
     return {
         "name": "char-lm",
         "seed": 0,
+        "prng_impl": "rbg",  # the fresh state's random values: "rbg", "threefry2x32" or "unsafe_rbg" (docs/cli.md)
         "steps": steps,  # the last step (StopAtStepHook)
         "data": {
             "source": "jaxmon.datasets:python_text",  # fn(split, **rest) -> {"x", "y"}: int32 (N, seq_len)

@@ -21,7 +21,7 @@ def get_config() -> dict:
         # The model's logical axes (nn.with_logical_partitioning) on mesh axes, first match first:
         # jaxmon.models.TRANSFORMER_RULES without a tensor axis. Optimizer state follows its parameter.
         "rules": [["batch", ["data", "fsdp"]], ["embed", "fsdp"], ["vocab", None], ["mlp", None],
-                  ["heads", None], ["length", None], ["kv", None]],
+                  ["heads", None], ["length", None], ["kv", None], ["layers", None]],
         "fsdp": None,  # or a mesh axis: split every parameter the rules leave whole on its largest dimension
         "batch": ["data", "fsdp"],  # a batch's rows over every device
     }

@@ -118,6 +118,20 @@ def test_transformer_parameters_have_their_logical_axes_and_mesh_specs(params):
     assert params["block_0"]["attention"]["out"]["kernel"].shape == (2, 4, 8)  # (heads, kv, embed)
 
 
+def test_scanned_layers_stack_each_parameter_on_an_unsharded_layers_axis_and_compute_the_same(params, apply):
+    scanned = MODEL.clone(scan_layers=True)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(1, 16, (2, 8)), jnp.int32)
+    abstract = jax.eval_shape(scanned.init, jax.random.PRNGKey(0), tokens)["params"]
+    mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(abstract), TRANSFORMER_RULES)
+    assert mesh_specs["blocks"]["mlp_in"]["kernel"] == P(None, "fsdp", "tensor")  # (layers, embed, mlp)
+    assert mesh_specs["blocks"]["attention"]["query"]["kernel"] == P(None, "fsdp", "tensor", None)
+    # The same numbers as the blocks one by one, with block i's parameters as layer i of the stack.
+    stacked = {**{k: v for k, v in params.items() if not k.startswith("block_")},
+               "blocks": jax.tree.map(lambda *layers: jnp.stack(layers), params["block_0"], params["block_1"])}
+    np.testing.assert_allclose(np.asarray(jax.jit(scanned.apply)({"params": stacked}, tokens)),
+                               np.asarray(apply({"params": params}, tokens)), rtol=1e-5, atol=1e-5)
+
+
 def test_transformer_rules_shard_the_batch_before_the_embedding():
     assert nn.logical_to_mesh_axes(("batch", "length", "embed"), TRANSFORMER_RULES) == P(("data", "fsdp"), None, None)
     assert nn.logical_to_mesh_axes(("batch", "length", "vocab"), TRANSFORMER_RULES) == P(("data", "fsdp"), None,

@@ -10,8 +10,8 @@ from typing import Any
 from jaxmon._experiment.config_file import ConfigError
 
 #: The keys an experiment config may have at its top level.
-TOP_LEVEL = ("seed", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start", "name",
-             "mesh", "sharding", "perf", "writers")
+TOP_LEVEL = ("seed", "prng_impl", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start",
+             "name", "mesh", "sharding", "perf", "writers")
 
 _MISSING = object()
 

@@ -173,10 +173,12 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
         if model is None or tx is None:
             raise ConfigError("This task trains a model: the config needs a model section (its name) and an "
                               "optimizer section.")
-        x = jnp.asarray(context.example_batch["x"][:1])
+        x = context.example_batch["x"][:1]
+        seed, impl = context.seed, prng_impl(context.config)
 
-        def init_fn() -> TrainState:  # one program, not one per initializer's operation (seconds on CPU)
-            params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(context.seed), x)["params"])
+        @jax.jit
+        def init_fn() -> TrainState:  # one program, made once: the model's and the optimizer's init together
+            params = nn.meta.unbox(model.init(jax.random.key(seed, impl=impl), x)["params"])
             return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
         def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -201,5 +203,25 @@ def boxed_params(context: TaskContext) -> Any:
     (`nn.with_logical_partitioning`), or None for a task without a model."""
     if context.model is None:
         return None
-    x = jnp.asarray(context.example_batch["x"][:1])
-    return jax.eval_shape(lambda: context.model.init(jax.random.PRNGKey(context.seed), x)["params"])
+    x = context.example_batch["x"][:1]
+    key = jax.random.key(context.seed, impl=prng_impl(context.config))
+    return jax.eval_shape(lambda: context.model.init(key, x)["params"])
+
+
+#: The PRNG implementations a config's `prng_impl` names (JAX's), and the built-in
+#: tasks' default: "rbg" (XLA's RngBitGenerator makes the bits, threefry splits the keys)
+#: builds gpt2_small's state in two thirds of threefry's time, its keys split exactly as
+#: threefry's, its values the same on any sharding; they differ across backends (a CPU
+#: and a GPU initialise differently) and may across XLA versions. "threefry2x32", JAX's
+#: default, gives the same values everywhere; "unsafe_rbg" splits keys with the bit
+#: generator too (MaxText's default), a little faster still.
+PRNG_IMPLS = ("rbg", "threefry2x32", "unsafe_rbg")
+
+
+def prng_impl(config: Mapping[str, Any]) -> str:
+    """The config's `prng_impl` (default "rbg"), checked; a `ConfigError` names a bad one."""
+    impl = config.get("prng_impl", PRNG_IMPLS[0])
+    if impl not in PRNG_IMPLS:
+        raise ConfigError(f"prng_impl={impl!r} is not a PRNG JAX has: give one of {', '.join(map(repr, PRNG_IMPLS))} "
+                          "(it makes the fresh state's random values; docs/cli.md, \"Start-up\").")
+    return impl

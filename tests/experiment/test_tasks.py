@@ -1,0 +1,61 @@
+"""The built-in tasks' fresh state: one program (the model's and the optimizer's init
+together), compiled once however often it is called, from the PRNG a config's
+`prng_impl` names; a bad name is a config error."""
+
+import logging
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jaxmon as jm
+from jaxmon._experiment import tasks
+from jaxmon.models import Transformer
+
+MODEL = {"vocab_size": 11, "max_len": 8, "num_layers": 2, "num_heads": 2, "embed_dim": 8, "mlp_dim": 16}
+
+
+def context(scan_layers=False, **config):
+    example = {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)}
+    return tasks.TaskContext(config, Transformer(**MODEL, scan_layers=scan_layers), optax.adamw(1e-3), 0, example,
+                             None)
+
+
+def compiled(fn, caplog):
+    """`fn()`'s state, and the names of the programs its call compiled."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), jax.log_compiles():
+        state = jax.block_until_ready(fn())
+    return state, [record.getMessage().split()[1] for record in caplog.records
+                   if record.getMessage().startswith("Compiling ")]
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_the_fresh_state_is_one_program_and_a_second_call_compiles_nothing(scan_layers, caplog):
+    init_fn = tasks.task_of("lm")(context(scan_layers)).init_fn
+    first, programs = compiled(init_fn, caplog)
+    assert programs == ["jit(init_fn)"]  # the parameters and the optimizer's state together, nothing eager
+    assert isinstance(first, jm.TrainState) and int(first.step) == 0
+    assert jax.tree.structure(first.opt_state) == jax.tree.structure(optax.adamw(1e-3).init(first.params))
+    again, programs = compiled(init_fn, caplog)
+    assert programs == []
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_scanned_layers_stack_one_block_s_parameters_on_a_layers_axis():
+    state = tasks.task_of("lm")(context(scan_layers=True)).init_fn()
+    assert "block_0" not in state.params
+    assert state.params["blocks"]["mlp_in"]["kernel"].shape == (2, 8, 16)  # (layers, embed, mlp)
+
+
+def test_prng_impl_names_the_generator_of_the_fresh_state():
+    states = {impl: tasks.task_of("lm")(context(prng_impl=impl)).init_fn() for impl in tasks.PRNG_IMPLS}
+    kernels = {impl: np.asarray(state.params["block_0"]["mlp_in"]["kernel"]) for impl, state in states.items()}
+    assert not np.array_equal(kernels["rbg"], kernels["threefry2x32"])
+    default = tasks.task_of("lm")(context()).init_fn()  # no prng_impl: "rbg"
+    np.testing.assert_array_equal(np.asarray(default.params["block_0"]["mlp_in"]["kernel"]), kernels["rbg"])
+    with pytest.raises(jm.ConfigError, match=r"prng_impl='philox' is not a PRNG JAX has: give one of 'rbg', "
+                                             r"'threefry2x32', 'unsafe_rbg'"):
+        tasks.task_of("lm")(context(prng_impl="philox"))
