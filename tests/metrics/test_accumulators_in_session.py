@@ -12,6 +12,7 @@ from helpers import forever, slow_matmuls, step_times, window_means
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps as saved_steps
+from jaxmon._run.scan_unroll import dynamic_length
 
 
 def counting_step(state, batch):
@@ -189,10 +190,13 @@ def test_a_hook_reads_its_own_reduction_over_each_window(k):
     for _ in range(12 // k):
         sess.run([{}] * k if k > 1 else {})
     assert hook.seen == [(4, 4.0, 2.5), (8, 8.0, 6.5), (12, 12.0, 10.5)]
-    compiled = sess.compile_count  # with k=4 on CPU, one program takes runs of 4, 2 and 1 steps
+    compiled = sess.compile_count
     sess.close()
     assert hook.reads == [4, 8, 12]  # close had nothing new to read
-    assert compiled == 1 and sess._accumulators.compile_count == 1
+    # k=4: on a CPU one program takes runs of 4, 2 and 1 steps; elsewhere the runs of 4 have their own, and the
+    # one-step program is compiled ahead beside it
+    one_program = k == 1 or dynamic_length("auto", jax.default_backend())
+    assert compiled == (1 if one_program else 2) and sess._accumulators.compile_count == 1
 
 
 class MaxKeeping(MaxEvery):
