@@ -22,6 +22,7 @@ def get_config() -> dict:
     config["data"].update({"seq_len": seq_len, "batch_size": 32, "eval_batch_size": 32})
     config["model"].update({"max_len": seq_len, "num_layers": 12, "num_heads": 12, "embed_dim": 768,
                             "mlp_dim": 3072, "dtype": "bfloat16", "param_dtype": "float32",
+                            "logits_dtype": "bfloat16",  # the loss works in float32 from them, keeping none
                             "scan_layers": True})  # one block compiled and initialised for all 12
     config["optimizer"]["learning_rate"].update({"peak_value": 6e-4, "warmup_steps": 100, "decay_steps": steps})
     config["session"].update({"save_checkpoint_steps": 500, "save_summaries_steps": 50})

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["CNN", "MLP", "TRANSFORMER_RULES", "Transformer", "transformer_flops_per_token"]
+__all__ = ["CNN", "MLP", "TRANSFORMER_RULES", "Transformer", "attention_implementation", "transformer_flops_per_token"]
 
 
 class MLP(nn.Module):
@@ -126,11 +127,28 @@ class _DenseGeneral(nn.Module):
         return y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
 
 
+def attention_implementation(dtype: Any, head_dim: int, platform: str | None = None) -> str:
+    """Which implementation of `jax.nn.dot_product_attention` a block's attention asks for:
+    "cudnn" (cuDNN's fused flash attention) on a GPU for bfloat16 or float16 with at most
+    128 features a head, a multiple of 8; else "xla" (which `implementation=None` also
+    means in JAX today). `platform`: JAX's default backend unless given.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> attention_implementation(jnp.bfloat16, 64, "gpu"), attention_implementation(jnp.float32, 64, "gpu")
+      ('cudnn', 'xla')
+    """
+    platform = jax.default_backend() if platform is None else platform
+    fits = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) and head_dim <= 128
+    return "cudnn" if platform == "gpu" and fits and head_dim % 8 == 0 else "xla"
+
+
 class _CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: q, k, v of shape (batch, length, heads, kv),
     each position attending to itself and the positions before it, through
-    `jax.nn.dot_product_attention` (cuDNN's fused attention on a GPU where the shapes
-    allow, XLA's elsewhere; the scores and their softmax in float32). The keys have no
+    `jax.nn.dot_product_attention` (cuDNN's fused attention where
+    `attention_implementation` says the GPU and the shapes allow, and cuDNN takes them;
+    XLA's elsewhere, the scores and their softmax in float32). The keys have no
     bias: it would add the same amount to each of a query's scores, which the softmax
     ignores (its gradient is zero but for rounding, which Adam would amplify)."""
 
@@ -152,7 +170,15 @@ class _CausalSelfAttention(nn.Module):
             return nn.with_logical_constraint(dense(x), ("batch", "length", "heads", "kv"))
 
         q, k, v = project("query"), project("key"), project("value")
-        heads = jax.nn.dot_product_attention(q, k, v, scale=1 / np.sqrt(head_dim), is_causal=True)
+        attend = functools.partial(jax.nn.dot_product_attention, q, k, v, scale=1 / np.sqrt(head_dim), is_causal=True)
+        heads = None
+        if attention_implementation(q.dtype, head_dim) == "cudnn":
+            try:
+                heads = attend(implementation="cudnn")
+            except (NotImplementedError, RuntimeError, ValueError):  # this GPU's or cuDNN's limits: XLA's
+                heads = None
+        if heads is None:
+            heads = attend(implementation="xla")
         return _DenseGeneral((embed_dim,), ("heads", "kv", "embed"), self.dtype, param_dtype=self.param_dtype,
                              name="out")(heads)
 
@@ -199,8 +225,12 @@ class Transformer(nn.Module):
       embed_dim: the width of the residual stream.
       mlp_dim: the width of each block's hidden MLP layer.
       dtype: the computation dtype, a dtype or its name ("bfloat16"); the attention
-        scores and softmax and the returned logits are float32 whatever it is.
+        scores and softmax are float32 whatever it is.
       param_dtype: the parameters' dtype, a dtype or its name (default float32).
+      logits_dtype: the returned logits' dtype, a dtype or its name (default float32):
+        "bfloat16" for a bfloat16 model keeps them at half the memory, every token's
+        row of the vocabulary; the lm task's loss works in float32 from them
+        (`tasks.cross_entropy`) and keeps no float32 copy for the gradient.
       scan_layers: run the blocks as one block in a `lax.scan` (`nn.scan`), their
         parameters stacked on a leading "layers" axis (`params["blocks"]`) instead of
         `block_0`, `block_1`, ...: XLA compiles and initialises one block, not
@@ -234,10 +264,11 @@ class Transformer(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
+    logits_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
-        """Logits (batch, length, vocab_size), float32, of int `tokens` (batch, length),
+        """Logits (batch, length, vocab_size), `logits_dtype`, of int `tokens` (batch, length),
         those at position t computed from `tokens[:, :t + 1]` only."""
         if tokens.ndim != 2 or tokens.shape[1] > self.max_len:
             raise ValueError(f"Transformer takes int tokens of shape (batch, length) with length <= "
@@ -258,7 +289,8 @@ class Transformer(nn.Module):
             x, _ = _Block(self.num_heads, self.mlp_dim, dtype, param_dtype, name=f"block_{i}")(x)
         x = _layer_norm(dtype, "final_norm", param_dtype)(x)
         logits = _dense(self.vocab_size, ("embed", "vocab"), dtype, "readout", param_dtype)(x)
-        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        logits = logits.astype(_dtype(self.logits_dtype, "logits_dtype"))
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
 def transformer_flops_per_token(model: Transformer, params: Any, length: int) -> float:

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxmon as jm
 from jaxmon.datasets import PYTHON_TEXT_VOCAB, python_text, unigram_entropy
-from jaxmon.models import TRANSFORMER_RULES, Transformer, transformer_flops_per_token
+from jaxmon.models import TRANSFORMER_RULES, Transformer, attention_implementation, transformer_flops_per_token
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = Transformer(vocab_size=16, max_len=8, num_layers=2, num_heads=2, embed_dim=8, mlp_dim=12)
@@ -130,6 +130,22 @@ def test_scanned_layers_stack_each_parameter_on_an_unsharded_layers_axis_and_com
                "blocks": jax.tree.map(lambda *layers: jnp.stack(layers), params["block_0"], params["block_1"])}
     np.testing.assert_allclose(np.asarray(jax.jit(scanned.apply)({"params": stacked}, tokens)),
                                np.asarray(apply({"params": params}, tokens)), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_asks_for_cudnn_on_a_gpu_where_its_shapes_allow_and_xla_elsewhere():
+    assert attention_implementation(jnp.bfloat16, 64, "gpu") == attention_implementation(jnp.float16, 128, "gpu") \
+        == "cudnn"
+    for dtype, head_dim, platform in [(jnp.float32, 64, "gpu"), (jnp.bfloat16, 256, "gpu"), (jnp.bfloat16, 60, "gpu"),
+                                      (jnp.bfloat16, 64, "cpu"), (jnp.bfloat16, 64, "tpu")]:
+        assert attention_implementation(dtype, head_dim, platform) == "xla", (dtype, head_dim, platform)
+
+
+def test_bfloat16_logits_are_the_float32_ones_rounded(params):
+    tokens = jnp.asarray(np.random.default_rng(2).integers(1, 16, (2, 8)), jnp.int32)
+    low = jax.jit(MODEL.clone(logits_dtype="bfloat16").apply)({"params": params}, tokens)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(low), np.asarray(MODEL.apply({"params": params}, tokens).astype(
+        jnp.bfloat16)))
 
 
 def test_transformer_rules_shard_the_batch_before_the_embedding():

@@ -102,11 +102,45 @@ def lm(logits: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str
     """
     targets = batch["y"]
     weights = (targets != 0).astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+    losses = cross_entropy(logits, targets)
     tokens = weights.sum()
     loss_sum = (losses * weights).sum()
     correct = ((jnp.argmax(logits, -1) == targets) * weights).sum()
     return loss_sum / jnp.maximum(tokens, 1.0), {"loss_sum": loss_sum, "tokens": tokens, "correct": correct}
+
+
+@jax.custom_vjp
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """`-log softmax(logits)[target]` of each row of `logits` (..., vocab), in float32
+    whatever the logits' dtype, with integer `targets` (...). Its gradient keeps only the
+    logits as they are and one float32 log-sum-exp a row (optax's, on logits cast to
+    float32, keeps a float32 copy of them: twice a bfloat16 model's, for the vocabulary
+    of every token of the batch).
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> logits, targets = jnp.array([[2.0, 1.0, 0.1]]), jnp.array([0])
+      >>> bool(jnp.allclose(cross_entropy(logits, targets),
+      ...                   optax.softmax_cross_entropy_with_integer_labels(logits, targets)))
+      True
+    """
+    return _cross_entropy_forward(logits, targets)[0]
+
+
+def _cross_entropy_forward(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, tuple]:
+    lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
+    return lse - picked, (logits, targets, lse)
+
+
+def _cross_entropy_backward(kept: tuple, grad: jax.Array) -> tuple[jax.Array, None]:
+    logits, targets, lse = kept
+    probabilities = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+    hot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
+    return ((probabilities - hot) * grad[..., None]).astype(logits.dtype), None
+
+
+cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
 #: The "lm" task's eval metrics: token-weighted over the whole eval split.

@@ -1,10 +1,12 @@
-"""The built-in tasks' fresh state: one program (the model's and the optimizer's init
-together), compiled once however often it is called, from the PRNG a config's
-`prng_impl` names; a bad name is a config error."""
+"""The built-in tasks: their fresh state is one program (the model's and the optimizer's
+init together), compiled once however often it is called, from the PRNG a config's
+`prng_impl` names (a bad name is a config error); the lm task's loss equals optax's and
+its gradient keeps the logits in their own dtype."""
 
 import logging
 
 import jax
+import jax.ad_checkpoint
 import numpy as np
 import optax
 import pytest
@@ -59,3 +61,28 @@ def test_prng_impl_names_the_generator_of_the_fresh_state():
     with pytest.raises(jm.ConfigError, match=r"prng_impl='philox' is not a PRNG JAX has: give one of 'rbg', "
                                              r"'threefry2x32', 'unsafe_rbg'"):
         tasks.task_of("lm")(context(prng_impl="philox"))
+
+
+# -- the lm task's loss --------------------------------------------------------------------------
+
+
+def test_the_lm_loss_equals_optax_s_and_its_gradient_keeps_no_float32_copy_of_the_logits(capsys):
+    rng = np.random.default_rng(0)
+    logits = jax.numpy.asarray(rng.normal(size=(4, 8, 50)) * 3, jax.numpy.float32)
+    targets = jax.numpy.asarray(rng.integers(0, 50, (4, 8)))
+    weights = jax.numpy.asarray(rng.random((4, 8)), jax.numpy.float32)
+
+    def ours(logits):
+        return (tasks.cross_entropy(logits, targets) * weights).sum()
+
+    def optax_s(logits):
+        return (optax.softmax_cross_entropy_with_integer_labels(logits.astype(np.float32), targets) * weights).sum()
+
+    np.testing.assert_allclose(float(ours(logits)), float(optax_s(logits)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.grad(ours)(logits)), np.asarray(jax.grad(optax_s)(logits)), atol=1e-6)
+    low = logits.astype(jax.numpy.bfloat16)  # a bfloat16 model's logits: the loss in float32, the gradient in theirs
+    np.testing.assert_allclose(float(ours(low)), float(optax_s(low)), rtol=1e-6)
+    assert jax.grad(ours)(low).dtype == jax.numpy.bfloat16
+    jax.ad_checkpoint.print_saved_residuals(ours, low)
+    kept = capsys.readouterr().out
+    assert "bf16[4,8,50] from the argument" in kept and "f32[4,8,50]" not in kept  # optax's keeps f32[4,8,50]
