@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 LOCAL = ["bare_jit", "bare_scan32", "session_no_hooks", "mts_default", "mts_default_k32", "naive"]
@@ -186,3 +188,13 @@ def test_host_cost_times_the_main_thread_of_every_variant():
     assert all(report["median_us_per_run"][name] > 0 for name in variants)
     assert report["steps_per_run"]["mts_default_k1"] == 1.0 and report["steps_per_run"]["mts_default_k32"] > 1.0
     assert report["excess_over_bare_us_per_step"]["bare_jit"] == 0.0
+
+
+def test_startup_reports_each_part_of_the_start_up_line():
+    result = run("startup.py", "--config", "configs/lm.py", "--rounds", "1", "--override", "model.num_layers=1")
+    report = json.loads(result.stdout)
+    [parts] = report["median_seconds"].values()
+    assert list(parts)[:4] == ["total", "imports and config", "data and model", "state"]
+    assert {"checkpoint 0", "session set-up", "compile", "the rest"} <= set(parts)
+    assert all(value >= 0 for value in parts.values())
+    assert sum(value for part, value in parts.items() if part != "total") == pytest.approx(parts["total"], abs=0.05)

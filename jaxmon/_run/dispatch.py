@@ -24,6 +24,7 @@ from jaxmon._run.compiled_step import CompiledStep, check_batch
 from jaxmon._run.plan import CALLER, RunPlan, RunResult
 
 NOTHING_FETCHED = _fetches.FetchPlan([(CALLER, None)])
+_AS_IS = contextlib.nullcontext()
 
 
 class Dispatch:
@@ -63,6 +64,7 @@ class Dispatch:
         self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
         self.max_dispatch_ahead = max_dispatch_ahead
         self._in_flight: collections.deque = collections.deque()
+        self._lengths: dict[int, Any] = {}  # run lengths on the device (`_length`)
         self._last_batch, self._last_index = None, None
         #: The last run's outputs (device arrays); empty before the first run.
         self.last_outputs: Mapping[str, Any] = {}
@@ -108,8 +110,15 @@ class Dispatch:
             if step is not None:
                 check_batch(batch, step + 1)
             raise
-        length = self._put(np.int32(steps), 1) if self._compiled.dynamic else None
-        return Placed(placed, None, steps, program_steps, length)
+        return Placed(placed, None, steps, program_steps, self._length(steps) if self._compiled.dynamic else None)
+
+    def _length(self, steps: int) -> Any:
+        """A run's length on the device, sent once per length (a `device_put` of a scalar
+        costs the host ~0.1 ms)."""
+        length = self._lengths.get(steps)
+        if length is None:
+            length = self._lengths[steps] = self._put(np.int32(steps), 1)
+        return length
 
     def _put(self, batch: Any, steps: int) -> Any:
         """`batch` (of `steps` steps) on the device: with a mesh, on it (`place_batch`);
@@ -175,7 +184,7 @@ class Dispatch:
     def _copies(self, step: int) -> contextlib.AbstractContextManager:
         """Where the compiled call runs: with `debug_host_syncs`, refusing implicit copies."""
         if self._syncs is None:
-            return contextlib.nullcontext()
+            return _AS_IS
         return self._syncs.copies(f"in the dispatch of step {step + 1}")
 
     def _bound(self, state: Any, outputs: Any, step: int) -> None:
