@@ -136,10 +136,12 @@ class Placement:
         """
         if steps > 1 and isinstance(batch, list):
             return [self.place_batch(item) for item in batch]
-        if steps == 1:
-            return jax.tree.map(_place_leaf, batch, self._batch_shardings(batch))
-        shardings = self._batch_shardings(jax.tree.map(_one_of_stacked, batch))
-        return jax.tree.map(lambda leaf, one: _place_leaf(leaf, self._with_steps_axis(one)), batch, shardings)
+        # A copy asked for: with several processes JAX's guard counts make_array_from_callback's as implicit.
+        with jax.transfer_guard_host_to_device("allow"):
+            if steps == 1:
+                return jax.tree.map(_place_leaf, batch, self._batch_shardings(batch))
+            shardings = self._batch_shardings(jax.tree.map(_one_of_stacked, batch))
+            return jax.tree.map(lambda leaf, one: _place_leaf(leaf, self._with_steps_axis(one)), batch, shardings)
 
     def _batch_shardings(self, batch: Any) -> Any:
         """One NamedSharding per leaf of one step's `batch` (arrays or ShapeDtypeStructs)."""
