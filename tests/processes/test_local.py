@@ -389,7 +389,9 @@ def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(tmp_path):
     assert launcher.returncode == 0 and RESULT.search(out)[1] == "30", err[-3000:]
     log = (workdir / "process-1.log").read_text()
     assert "[process 1/2] Restored step 20 from" in log, log[-2000:]
-    assert "holds the windows" not in log + out + err and "WARNING" not in log, log[-3000:]
+    # No warning of any kind but a straggler's, which a loaded machine can make of either process.
+    warnings = [line for line in log.splitlines() if "WARNING" in line and "is a straggler" not in line]
+    assert "holds the windows" not in log + out + err and not warnings, log[-3000:]
 
 
 @pytest.mark.processes
