@@ -171,14 +171,13 @@ class _CausalSelfAttention(nn.Module):
 
         q, k, v = project("query"), project("key"), project("value")
         attend = functools.partial(jax.nn.dot_product_attention, q, k, v, scale=1 / np.sqrt(head_dim), is_causal=True)
-        heads = None
-        if attention_implementation(q.dtype, head_dim) == "cudnn":
-            try:
-                heads = attend(implementation="cudnn")
-            except (NotImplementedError, RuntimeError, ValueError):  # this GPU's or cuDNN's limits: XLA's
-                heads = None
-        if heads is None:
-            heads = attend(implementation="xla")
+        implementation = attention_implementation(q.dtype, head_dim)
+        try:
+            heads = attend(implementation=implementation)
+        except (NotImplementedError, RuntimeError, ValueError):
+            if implementation == "xla":
+                raise
+            heads = attend(implementation="xla")  # this GPU's or cuDNN's limits: XLA's
         return _DenseGeneral((embed_dim,), ("heads", "kv", "embed"), self.dtype, param_dtype=self.param_dtype,
                              name="out")(heads)
 

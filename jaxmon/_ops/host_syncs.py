@@ -39,6 +39,8 @@ class HostSyncError(RuntimeError):
 #: The host conversions of a JAX array that read its value from the device.
 _READS = ("__array__", "__float__", "__int__", "__bool__", "__index__", "__complex__", "__format__", "__str__",
           "item", "tolist", "tobytes")
+#: A batch's leaves that live on the host (NumPy arrays, Python numbers): a step copies them to the device.
+HOST_VALUES = (np.ndarray, np.generic, bool, int, float, complex)
 #: The value in JAX's error for a copy `transfer_guard_host_to_device("disallow")` refused.
 _COPIED = re.compile(r"Disallowed host-to-device transfer: aval=(.*?)(?:, dst_sharding|$)", re.MULTILINE)
 _where = threading.local()  # .text: where the thread runs guarded (None: not guarded)
@@ -115,7 +117,7 @@ class HostSyncs:
         """Raises `HostSyncError` if `batch`, a run's (`which`), holds a host value: it
         would be copied to the device at its dispatch, not ahead."""
         for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
-            if isinstance(leaf, (np.ndarray, np.generic, bool, int, float, complex)):
+            if isinstance(leaf, HOST_VALUES):
                 shape = "x".join(map(str, np.shape(leaf))) or "scalar"
                 raise HostSyncError(
                     f"debug_host_syncs: the batch {which} reached its dispatch on the host (batch"

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxmon._data import loaders as _loaders
-from jaxmon._ops.host_syncs import HostSyncs
+from jaxmon._ops.host_syncs import HOST_VALUES, HostSyncs
 
 logger = logging.getLogger("jaxmon")
 
@@ -354,7 +354,7 @@ def stack_leaves(items: list[Any]) -> Any:
 def on_host(batch: Any) -> bool:
     """Whether `batch` holds a host value (a NumPy array or a Python number), which goes
     to the device before its step."""
-    return any(isinstance(leaf, (np.ndarray, np.generic, bool, int, float, complex)) for leaf in jax.tree.leaves(batch))
+    return any(isinstance(leaf, HOST_VALUES) for leaf in jax.tree.leaves(batch))
 
 
 def on_device(batch: Any) -> bool:
