@@ -271,6 +271,11 @@ def take_lost(signum: int) -> bool:
     return False
 
 
+def in_the_command() -> bool:
+    """Whether this is the `jaxmon` command and `main` is running (not loading JAX, not ending)."""
+    return _stage.command and _stage.name == "main"
+
+
 def check() -> None:
     """Raises the signal's exception if one came and was lost on the way (a library
     caught it): the command then stops as it would have."""

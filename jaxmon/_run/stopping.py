@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from jax.experimental import multihost_utils
@@ -75,7 +76,8 @@ class Preemption:
     With one JAX process, SIGTERM and SIGHUP (a closed terminal or a dropped SSH
     session; both caught while the session is open) and SIGINT (Ctrl-C, caught inside
     the session's `with` block, from `catch_ctrl_c()` until `uninstall()`: a session
-    left open elsewhere never swallows a Ctrl-C), in the main thread, call `request()`;
+    left open elsewhere never swallows a Ctrl-C; in the `jaxmon` command, from the
+    session's creation, as SIGTERM), in the main thread, call `request()`;
     a second one goes to the handler that was there before (by default: exit, or
     `KeyboardInterrupt` for Ctrl-C). After a Ctrl-C, `after_close` raises
     `KeyboardInterrupt` once the session has saved and closed. (A `KeyboardInterrupt`
@@ -97,6 +99,8 @@ class Preemption:
         #: The signal that asked to save and stop (SIGTERM for `request_preemption()` and
         #: JAX's preemption service); None before.
         self.signal: signal.Signals | None = None
+        #: When it was asked (`time.monotonic()`); None before.
+        self.requested_at: float | None = None
         #: Whether `poll` asks JAX's preemption service (several processes, service on).
         self.polling = several_processes
         self._handlers: list[_SignalHandler] = []
@@ -104,22 +108,27 @@ class Preemption:
         if self._catching:
             self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested),
                               _SignalHandler(signal.SIGHUP, self._hung_up, lambda: self.requested)]
+            if _cli_signals.in_the_command():  # the command's Ctrl-C saves from the start, as its SIGTERM does
+                self._handlers.append(self._ctrl_c_handler())
         elif handle_sigterm and several_processes:  # JAX's service hears SIGTERM only
             self._handlers = [_SignalHandler(signal.SIGHUP, lambda: os.kill(os.getpid(), signal.SIGTERM),
                                              lambda: False)]
 
     def catch_ctrl_c(self) -> None:
-        """Turns Ctrl-C into `request()` too, until `uninstall()`."""
+        """Turns Ctrl-C into `request()` too, until `uninstall()` (the session's `with` block)."""
         global _entered
         _entered = True
         if self._catching and all(handler.signum != signal.SIGINT for handler in self._handlers):
-            self._handlers.append(_SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested))
+            self._handlers.append(self._ctrl_c_handler())
+
+    def _ctrl_c_handler(self) -> _SignalHandler:
+        return _SignalHandler(signal.SIGINT, self._interrupt, lambda: self.requested)
 
     def request(self, by: str = "SIGTERM or request_preemption()", signum: signal.Signals = signal.SIGTERM) -> None:
         """Saves at the next step boundary, then stops (what SIGTERM does)."""
         if not self.requested:
             logger.warning("%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
-            self.signal = signum
+            self.signal, self.requested_at = signum, time.monotonic()
 
     @property
     def requested(self) -> bool:
@@ -134,7 +143,11 @@ class Preemption:
         self.request("Ctrl-C", signal.SIGINT)
 
     def after_close(self, step: int) -> None:
-        """Raises `KeyboardInterrupt` after a Ctrl-C, now that the session saved and closed."""
+        """Logs how long the stop took from its request; raises `KeyboardInterrupt` after a
+        Ctrl-C, now that the session saved and closed."""
+        if self.requested_at is not None:
+            logger.info("Stopped at step %d, %.2f s after %s (the run under way, the save and the hooks' "
+                           "close).", step, time.monotonic() - self.requested_at, _cli_signals.NAMES[self.signal])
         if self.interrupted:
             self.interrupted = False
             raise KeyboardInterrupt(f"Stopped by Ctrl-C at step {step}")

@@ -150,6 +150,9 @@ class EvalHook(TimedHook):
             self.evaluate(ctx.session)
 
     def end(self, session) -> None:
+        # A preemption's stop is no end of the run: the resumed run evaluates where it would.
+        if session.preemption_requested:
+            return
         if self.at_end and (not self.history or self.history[-1][0] != session.step):
             self.evaluate(session)
 

@@ -35,7 +35,8 @@ class GoodputHook(TimedHook):
     other hook's host time), `lost` (the time of steps a restart or roll-back redid: a
     resumed run knows how far the process before got) and `idle` (between two processes
     of the run). Written as `goodput/<category>` and `goodput/goodput` (productive over
-    all) summaries every `every_n_steps` steps or `every_n_secs` seconds and at close,
+    all) summaries every `every_n_steps` steps or `every_n_secs` seconds and at close
+    (not at a preemption's stop: a resumed run keeps the records a whole run has),
     and into `output_dir/goodput.json`, which the next process of the run reads;
     `jaxmon inspect RUN` prints it. The checkpoint keeps the totals too.
 
@@ -99,7 +100,10 @@ class GoodputHook(TimedHook):
             if self._session is not None and self._slot.writer is not None:
                 self._last_step = self._session.step
                 report_thread.wait()  # the earlier reports first
-                self._report(*self._figures(self._session.step, last=True))  # on disk before the process may end
+                summarized, clocks, record = self._figures(self._session.step, last=True)
+                if self._session.preemption_requested:  # no end of the run: its summaries at their steps only
+                    summarized = None
+                self._report(summarized, clocks, record)  # on disk before the process may end
         except Exception as error:
             logger.warning("GoodputHook: writing the last breakdown failed: %r", error)
         finally:
