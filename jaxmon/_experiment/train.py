@@ -292,12 +292,11 @@ def _report_resume(session: MonitoredTrainingSession, experiment: _Experiment, r
 
 
 def _stopped_early(session: MonitoredTrainingSession, report: Callable[[str], None]) -> dict[str, Any] | None:
-    """The result of a session stopped by SIGTERM, SIGHUP or a rejected state, reported
-    (exit code 128 + the signal's number); None if it ran to its end."""
+    """The result of a session stopped by SIGTERM, SIGHUP (the session logged it; the
+    command's last line says it) or a rejected state (reported), with its exit code (128
+    + the signal's number); None if it ran to its end."""
     if session.preemption_requested:
         signum = signal.Signals(session.preemption_signal or signal.SIGTERM)
-        report(f"Stopped by {signum.name} at step {session.step}; the checkpoint is saved: run the same command to "
-               "resume.")
         return {"step": session.step, "stopped": signum.name, "exit_code": 128 + signum}
     if session.state_rejected:
         report(f"Stopped early at step {session.step}: {session.state_rejected}.")

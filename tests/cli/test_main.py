@@ -356,8 +356,10 @@ def test_sigterm_saves_stops_and_exits_143_and_the_same_command_resumes(tmp_path
     workdir = tmp_path / "run"
     result = signal_between_saves(DEFAULT, workdir, signal.SIGTERM, ROOT)
     assert result.returncode == 143, result.stderr[-2000:]
-    stopped = re.search(r"Stopped by SIGTERM at step (\d+); the checkpoint is saved", result.stdout)
+    stopped = re.fullmatch(r"jaxmon train: Stopped by SIGTERM at step (\d+); checkpoint \1 is saved: run the same "
+                           r"command to resume\.", result.stderr.strip().splitlines()[-1])
     assert stopped and int(stopped[1]) > 0 and "test accuracy" not in result.stdout
+    assert "Stopped" not in result.stdout  # said once, on stderr
     assert jm.latest_checkpoint_step(workdir) == int(stopped[1])  # saved at the step it stopped
 
 

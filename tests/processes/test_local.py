@@ -438,7 +438,7 @@ def test_ctrl_c_saves_every_process_at_one_step_and_exits_130(tmp_path):
         _stop(launcher)
     assert launcher.returncode == 130, err[-3000:]
     assert "stopped by Ctrl-C: every process saved and stopped; run the same command to resume." in err
-    stopped = re.search(r"Stopped by SIGTERM at step (\d+); the checkpoint is saved", out)
+    stopped = re.search(r"Stopped by SIGTERM at step (\d+); checkpoint \d+ is saved", err)
     assert stopped and f"Stopped by SIGTERM at step {stopped[1]};" in (workdir / "process-1.log").read_text()
     assert jm.latest_checkpoint_step(workdir) == int(stopped[1]) >= 20
 
