@@ -11,11 +11,13 @@ writes it from Orbax's post-finalization callback, once every process's files ar
 final and before the directory is renamed into place: a checkpoint is listed with its
 manifest or not at all. A synchronous save writes it just after the commit.
 
-A run that seals its checkpoints says so once, in `jaxmon-sealed.json` at the top of its
-checkpoint directory (the first sealed step): from that step on, a checkpoint without a
-readable manifest is refused as a changed one is, so deleting a manifest does not turn
-the check off. A checkpoint without a manifest from before (written by plain Orbax, an
-older jaxmon, or `integrity=False`) restores unchecked, and a restore says so once.
+A run is sealed from its first checkpoint that carries a manifest, and says so once too,
+in `jaxmon-sealed.json` at the top of its checkpoint directory (the first sealed step):
+from the earlier of the two on, a checkpoint without a readable manifest is refused as a
+changed one is, so deleting a manifest, or the record as well, does not turn the check
+off. A checkpoint without a manifest from before (written by plain Orbax, an older
+jaxmon, or `integrity=False`) restores unchecked, and a restore says so once; so do all
+of a run with no manifest at all.
 A file added later is ignored; one changed, shorter, longer or missing, or a manifest
 that cannot be read, refuses the checkpoint (`CheckpointChangedError`). What a refusal
 says names files, sizes and checksums, never the bytes of a file.
@@ -131,8 +133,17 @@ def mark_sealed(directory: str, step: int) -> None:
 
 
 def sealed_from(directory: str) -> int | None:
-    """The first step `directory`'s run sealed (None: it records none). An unreadable
-    record counts as sealed from step 0: the check fails closed."""
+    """The first step `directory`'s run sealed: the earlier of the step its record
+    (`jaxmon-sealed.json`) names and the first checkpoint there that carries a manifest
+    (None: neither, a run written without manifests). The manifests count on their own,
+    so deleting the record does not turn the check off. An unreadable record counts as
+    sealed from step 0: the check fails closed."""
+    steps = [step for step in (_recorded_seal(directory), _first_manifest(directory)) if step is not None]
+    return min(steps, default=None)
+
+
+def _recorded_seal(directory: str) -> int | None:
+    """The first sealed step that `directory`'s `jaxmon-sealed.json` records (None: none there)."""
     try:
         with open(os.path.join(directory, SEALED_RUN)) as file:
             return int(json.load(file)["sealed_from"])
@@ -144,9 +155,19 @@ def sealed_from(directory: str) -> int | None:
         return 0
 
 
+def _first_manifest(directory: str) -> int | None:
+    """The first step of `directory` whose step directory holds a manifest (None: none does)."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    steps = sorted((int(name), name) for name in names if name.isascii() and name.isdigit())
+    return next((step for step, name in steps if os.path.isfile(os.path.join(directory, name, MANIFEST))), None)
+
+
 def manifest_required(directory: str, step: int) -> bool:
     """Whether checkpoint `step` of `directory` must have a manifest: its run sealed every
-    checkpoint from that step or before."""
+    checkpoint from that step or before (`sealed_from`)."""
     first = sealed_from(directory)
     return first is not None and step >= first
 

@@ -58,12 +58,17 @@ def complete_steps(directory: str | os.PathLike) -> list[int]:
       >>> complete_steps(run)  # 999 is empty, "²" is no step
       [100, 200]
     """
+    return [step for step in step_directories(directory) if is_complete(os.path.join(directory, str(step)))]
+
+
+def step_directories(directory: str | os.PathLike) -> list[int]:
+    """The steps that name a directory of `directory`, ascending, complete or not (an empty
+    or partial one too: `jaxmon inspect --verify` names those)."""
     try:
         names = os.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(int(name) for name in names
-                  if is_step_name(name) and os.path.isdir(path := os.path.join(directory, name)) and is_complete(path))
+    return sorted(int(name) for name in names if is_step_name(name) and os.path.isdir(os.path.join(directory, name)))
 
 
 def read_meta(step_directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -30,7 +30,8 @@ def add_inspect(commands: Any) -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inspect.add_argument("--verify", action="store_true",
                          help="re-read every file of every checkpoint against its integrity manifest: one line per "
-                              "checkpoint (sound, changed or unsealed); exit 1 unless every one is sound")
+                              "checkpoint (sound, changed, unsealed, or broken: a step's directory empty or "
+                              "partial); exit 1 unless every one is sound")
     inspect.set_defaults(handler=_inspect)
     return inspect
 
@@ -87,14 +88,20 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(workdir: str, as_json: bool) -> int:
-    """`jaxmon inspect --verify`: every checkpoint re-read against its manifest; 1 unless all are sound."""
+    """`jaxmon inspect --verify`: every checkpoint re-read against its manifest, and every
+    step's directory that holds no complete checkpoint named broken; 1 unless all are sound."""
     from jaxmon._checkpoints import integrity
-    from jaxmon._checkpoints.step_dirs import complete_steps
+    from jaxmon._checkpoints.step_dirs import is_complete, step_directories
 
     check_run(workdir)
+    first = integrity.sealed_from(workdir)  # once: it lists the run's step directories
     results = []
-    for step in complete_steps(workdir):
-        state, what = integrity.verify(os.path.join(workdir, str(step)), integrity.manifest_required(workdir, step))
+    for step in step_directories(workdir):
+        path = os.path.join(workdir, str(step))
+        if is_complete(path):
+            state, what = integrity.verify(path, first is not None and step >= first)
+        else:
+            state, what = "broken", _incomplete(path)
         results.append({"step": step, "state": state, "what": what})
     if as_json:
         print(json.dumps({"workdir": workdir, "checkpoints": results}, indent=2))
@@ -103,6 +110,18 @@ def _verify(workdir: str, as_json: bool) -> int:
         for result in results:
             print(f"  step {result['step']:>8}  {result['state']:<8}  {shown(result['what'])}")
     return 0 if results and all(result["state"] == "sound" for result in results) else 1
+
+
+def _incomplete(step_directory: str) -> str:
+    """What `--verify` says of a step's directory that holds no complete checkpoint."""
+    from jaxmon._checkpoints.integrity import MANIFEST
+    from jaxmon._checkpoints.step_dirs import COMMIT_MARKER
+
+    files = sum(len(names) for _, _, names in os.walk(step_directory))
+    what = "empty directory" if files == 0 else (f"partial directory ({files} file{'s' if files != 1 else ''}, "
+                                                 f"neither {COMMIT_MARKER} nor {MANIFEST})")
+    return (f"{what}, no checkpoint: a restore skips it. Put its files back from a copy, or remove "
+            f"{step_directory} (that step is lost)")
 
 
 def _print_goodput(goodput: dict[str, Any] | None) -> None:

@@ -2,8 +2,10 @@
 bytes changed after it was written is refused with one line naming its step and the
 file, the one before it is restored, and the run trains on to the uninterrupted run's
 state bit for bit; `restore_checkpoint` of that step raises; in a run that seals its
-checkpoints, one whose manifest was deleted is refused the same way. Then the manifest's
-own rules on plain files, and `jaxmon train` over a deleted manifest.
+checkpoints (its other checkpoints carry manifests, or it records that it does), one whose
+manifest was deleted is refused the same way. Then the manifest's own rules on plain
+files, and `jaxmon train` over a deleted manifest, and over one deleted with the run's
+record that it seals its checkpoints.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +22,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, assert_same_checkpoint, kill_once_checkpointed, tiny_config, train_on, warnings_of
+from helpers import (
+    ROOT,
+    assert_same_checkpoint,
+    kill_once_checkpointed,
+    tiny_config,
+    train,
+    train_on,
+    warnings_of,
+)
 
 import jaxmon as jm
 from jaxmon._checkpoints import integrity as _integrity
+from jaxmon._checkpoints.step_dirs import complete_steps
 
 # -- a tiny Adam run on deterministic data --------------------------------------------------
 
@@ -126,7 +138,8 @@ def test_an_unchanged_checkpoint_restores_with_no_warning(tmp_path, caplog, asyn
 def test_a_checkpoint_of_an_unsealed_run_restores_unchecked_and_says_so_once(tmp_path, caplog):
     directory = tmp_path / "run"
     train_on(session(directory, 2, async_save=False))
-    os.remove(directory / "2" / _integrity.MANIFEST)  # as one written before integrity checks
+    for step in ("0", "2"):  # as a run written before integrity checks: no manifest at all
+        os.remove(directory / step / _integrity.MANIFEST)
     os.remove(directory / _integrity.SEALED_RUN)
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         for _ in range(2):
@@ -135,13 +148,15 @@ def test_a_checkpoint_of_an_unsealed_run_restores_unchecked_and_says_so_once(tmp
                                    "it restores unchecked."]
 
 
-@pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.parametrize(("async_save", "record"), [(True, "kept"), (False, "kept"), (True, "deleted")])
 def test_a_sealed_run_s_checkpoint_without_its_manifest_is_refused_and_the_one_before_restores(
-        tmp_path, caplog, async_save):
+        tmp_path, caplog, async_save, record):
     directory = tmp_path / "run"
     train_on(session(directory, 4, async_save=async_save))
     assert json.loads((directory / _integrity.SEALED_RUN).read_text())["sealed_from"] == 0
     os.remove(directory / "4" / _integrity.MANIFEST)
+    if record == "deleted":  # the checkpoints before it carry theirs: the run is sealed all the same
+        os.remove(directory / _integrity.SEALED_RUN)
     flip_bytes(largest_file(directory / "4"))  # unchecked, it would restore as a wrong value
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         assert jm.restore_checkpoint(directory, like=adam_init()).step == 2
@@ -164,6 +179,19 @@ def test_a_saver_built_with_integrity_off_writes_no_manifest_and_its_checkpoints
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         assert jm.restore_checkpoint(directory, like=adam_init()).step == 4
     assert [line.split(" has no ")[0] for line in warnings_of(caplog)] == [f"Checkpoint 4 in {directory}"]
+
+
+def test_checkpoints_written_before_a_run_sealed_restore_unchecked_without_its_record(tmp_path, caplog):
+    directory = tmp_path / "run"
+    train_on(session(directory, 2, integrity=False))  # 0 and 2 unsealed, as an older jaxmon wrote them
+    train_on(session(directory, 4))  # resumed with integrity on: 4 sealed
+    assert json.loads((directory / _integrity.SEALED_RUN).read_text())["sealed_from"] == 4
+    os.remove(directory / _integrity.SEALED_RUN)
+    with caplog.at_level(logging.WARNING, logger="jaxmon"):
+        assert jm.restore_checkpoint(directory, step=2, like=adam_init()).step == 2
+        assert jm.restore_checkpoint(directory, like=adam_init()).step == 4
+    assert warnings_of(caplog) == [f"Checkpoint 2 in {directory} has no {_integrity.MANIFEST} (written without one): "
+                                   "it restores unchecked."]
 
 
 # -- the manifest's rules, on plain files ----------------------------------------------------
@@ -250,3 +278,27 @@ def test_a_run_whose_newest_manifest_was_deleted_and_a_byte_flipped_resumes_from
         in refused[0], output[-3000:]
     assert "Resumed from step 20" in output
     assert_same_checkpoint(workdir, tmp_path / "whole", 60)
+
+
+def test_a_run_stripped_of_its_newest_manifest_and_its_seal_record_resumes_from_the_one_before_bit_equal(
+        tmp_path):
+    config = tiny_config(tmp_path, steps=60)
+    whole, workdir = tmp_path / "whole", tmp_path / "run"
+    first = train(whole, config=config)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert complete_steps(whole) == [0, 20, 40, 60]
+    shutil.copytree(whole, workdir)  # the whole run stays as it was, to compare with
+    os.remove(workdir / "60" / _integrity.MANIFEST)  # integrity stripped: the manifest and the run's record
+    os.remove(workdir / _integrity.SEALED_RUN)
+    flip_bytes(largest_file(workdir / "60"), count=1)
+    assert all((workdir / step / _integrity.MANIFEST).is_file() for step in ("0", "20", "40"))
+
+    again = train(workdir, config=config)
+    assert again.returncode == 0, again.stderr[-3000:]
+    output = again.stdout + again.stderr
+    assert "restores unchecked" not in output, output[-3000:]
+    refused = [line for line in output.splitlines() if "refused" in line]
+    assert len(refused) == 1 and f"Checkpoint 60 in {workdir} is refused: its {_integrity.MANIFEST} is missing, " \
+        "and its run seals every checkpoint; trying the one before it." in refused[0], output[-3000:]
+    assert "Resumed from step 40" in output
+    assert_same_checkpoint(workdir, whole, 60)
