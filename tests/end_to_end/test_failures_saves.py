@@ -120,10 +120,14 @@ def test_a_copy_left_by_a_dead_process_is_removed_at_the_next_start(tmp_path):
 
 
 def break_data(step_directory):
-    """Breaks a checkpoint where its integrity manifest cannot tell: the manifest goes too, and
-    the run's record that it seals its checkpoints (as a run written before integrity checks)."""
-    os.remove(os.path.join(step_directory, "jaxmon-integrity.json"))
-    sealed = os.path.join(os.path.dirname(step_directory), "jaxmon-sealed.json")
+    """Breaks a checkpoint where integrity checks cannot tell: its run's manifests go too, every
+    one, and the run's record that it seals its checkpoints (as a run written before integrity
+    checks: one manifest left would seal the run)."""
+    run = os.path.dirname(step_directory)
+    for path in [os.path.join(run, name, "jaxmon-integrity.json") for name in os.listdir(run)]:
+        if os.path.exists(path):
+            os.remove(path)
+    sealed = os.path.join(run, "jaxmon-sealed.json")
     if os.path.exists(sealed):
         os.remove(sealed)
     for name in os.listdir(os.path.join(step_directory, "state", "d")):

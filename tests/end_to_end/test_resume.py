@@ -228,13 +228,15 @@ def break_checkpoint(directory, step):
     for path in state_files(directory, step):
         with open(path, "r+b") as f:
             f.truncate(5)
-    unseal(directory, step)
+    unseal(directory)
 
 
-def unseal(directory, step):
-    """Checkpoint `step` as a run written before integrity checks left it: no manifest,
-    and no record that the run seals its checkpoints."""
-    os.remove(os.path.join(directory, str(step), _integrity.MANIFEST))
+def unseal(directory):
+    """The run as one written before integrity checks left it: no manifest in any checkpoint
+    (one left would seal the run), and no record that the run seals its checkpoints."""
+    for step in complete_steps(directory):
+        if os.path.exists(os.path.join(directory, str(step), _integrity.MANIFEST)):
+            os.remove(os.path.join(directory, str(step), _integrity.MANIFEST))
     if os.path.exists(os.path.join(directory, _integrity.SEALED_RUN)):
         os.remove(os.path.join(directory, _integrity.SEALED_RUN))
 
@@ -866,7 +868,7 @@ def test_hook_states_saved_under_position_keys_are_still_restored(tmp_path):
     meta = json.loads(step_dir.read_text())
     meta["hooks"] = {"1:StopAtStepHook": {"last_step": 4}}
     step_dir.write_text(json.dumps(meta))
-    unseal(directory, 4)  # as written then: no manifest, restored unchecked
+    unseal(directory)  # as written then: no manifest, restored unchecked
     stop = jm.StopAtStepHook(num_steps=100)  # would train on to 104 without its saved state
     with jm.MonitoredSession(add_one, init_fn, hooks=[jm.CheckpointSaverHook(directory, save_steps=4), stop]) as sess:
         assert sess.restored_step == 4
