@@ -37,6 +37,10 @@ class TimeSpent:
         """The state at `step` was replaced by one of step `to` (a restore)."""
         self.redone_steps += max(0, step - to)
 
+    def timing(self, category: str) -> Timing:
+        """A `with` block whose wall seconds go to `category` (`with spent.timing("data"):`)."""
+        return Timing(self.secs, category)
+
     def elapsed(self) -> float:
         """Wall seconds since the session was made."""
         return time.perf_counter() - self.started
@@ -45,6 +49,24 @@ class TimeSpent:
         """Every second since the session was made, in `CATEGORIES` (`lost` and `idle`
         are 0 here: only a resumed run knows them)."""
         return breakdown(self.elapsed(), self.secs)
+
+
+class Timing:
+    """A `with` block timed into one category of a session's seconds (`category`, which
+    the block may change); `secs`, once it ended, is the block's own."""
+
+    __slots__ = ("_into", "category", "_started", "secs")
+
+    def __init__(self, into: dict[str, float], category: str):
+        self._into, self.category, self._started, self.secs = into, category, 0.0, 0.0
+
+    def __enter__(self) -> Timing:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.secs = time.perf_counter() - self._started
+        self._into[self.category] += self.secs
 
 
 def breakdown(elapsed: float, secs: Mapping[str, float]) -> dict[str, float]:

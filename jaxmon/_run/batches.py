@@ -5,9 +5,9 @@ checkpoint keeps."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -16,8 +16,10 @@ import numpy as np
 
 from jaxmon._data import loaders as _loaders
 from jaxmon._ops.host_syncs import HOST_VALUES, HostSyncs
+from jaxmon._ops.time_spent import TimeSpent
 
 logger = logging.getLogger("jaxmon")
+_UNTIMED = contextlib.nullcontext()
 
 
 class Placed(NamedTuple):
@@ -84,7 +86,7 @@ class BatchSource:
         device as its program takes them (a session's `Dispatch.place_run`), None
         where it cannot say yet; None: `place_on_device`.
       host_syncs: with `debug_host_syncs`, the guard each batch is taken under.
-      spent: the session's seconds by category; taking and placing batches adds to "data".
+      spent: the session's clocks (`TimeSpent`); taking and placing batches adds to "data".
 
     An iterator the session made (`data` was an iterable, such as a grain dataset or
     DataLoader) is closed with the session, which stops its worker processes; one given
@@ -93,12 +95,12 @@ class BatchSource:
 
     def __init__(self, data: Iterable[Any] | None, steps_per_dispatch: int, run_limit: Callable[[int, int], int],
                  prefetch: int = 0, place: Callable[[list[Any]], Placed | None] | None = None,
-                 host_syncs: HostSyncs | None = None, spent: dict[str, float] | None = None):
+                 host_syncs: HostSyncs | None = None, spent: TimeSpent | None = None):
         if data is not None and _loaders.is_grain(data):
             _loaders.prepare_grain()
         self._data = None if data is None else iter(data)
         owned = data is not None and self._data is not data
-        self._spent = {"data": 0.0} if spent is None else spent  # the session's clocks (`time_spent.TimeSpent`)
+        self._spent = TimeSpent() if spent is None else spent
         if host_syncs is not None:  # debug_host_syncs: a batch taken reads no device value
             self._data = host_syncs.iterator(self._data)
         self.kind = type(data).__name__  # what a resume's warnings name
@@ -122,8 +124,7 @@ class BatchSource:
         take: with several processes, those to their next agreement) allow, a power of
         two (a `Steps`); a `Placed` run where it went to the device. Its time goes to the
         session's `data` clock."""
-        started = time.perf_counter()
-        try:
+        with self._spent.timing("data"):
             if not self._prefetch and not self._buffer and self._deferred is None and self._steps_per_dispatch == 1:
                 return next(self._data)
             length = self._length(step, limit)
@@ -136,22 +137,20 @@ class BatchSource:
                 if not self._buffer:
                     error, self._deferred = self._deferred, None
                     raise error
-                length = _power_of_two(len(self._buffer))
+                length = run_length(len(self._buffer))
             batches = [self._buffer.popleft().batch for _ in range(length)]
             run = ahead.run if ahead is not None else self._placed_run(batches)
             self._place_ahead(step + length, None if limit is None else step + limit)
             if run is not None:
                 return run
             return batches[0] if length == 1 else Steps(batches)
-        finally:
-            self._spent["data"] += time.perf_counter() - started
 
     def _length(self, step: int, limit: int | None) -> int:
         """How many steps the run after `step` takes, as the hooks' schedules say now."""
         if self._steps_per_dispatch == 1:
             return 1
         most = self._steps_per_dispatch if limit is None else min(limit, self._steps_per_dispatch)
-        return _power_of_two(self._run_limit(step, most))
+        return run_length(self._run_limit(step, most))
 
     def _place_ahead(self, step: int, end: int | None) -> None:
         """Places the runs after `step` on the device, until `prefetch` of them wait (`end`:
@@ -201,16 +200,12 @@ class BatchSource:
         """Takes batches ahead until `count` wait, or the data ends; returns how many
         wait. An error of the data other than its end is raised now. `timed`: its time
         goes to the session's `data` clock (`next` times its own)."""
-        started = time.perf_counter()
-        try:
+        with self._spent.timing("data") if timed else _UNTIMED:
             self._fill(count)
             if self._deferred is not None and not isinstance(self._deferred, StopIteration):
                 error, self._deferred = self._deferred, None
                 raise error
             return len(self._buffer)
-        finally:
-            if timed:
-                self._spent["data"] += time.perf_counter() - started
 
     def _fill(self, count: int) -> None:
         """Takes batches ahead until `count` wait; the data's end, or its error, is kept
@@ -310,8 +305,14 @@ def pad_run(batch: Any, steps: int, size: int) -> Any:
                         batch)
 
 
-def _power_of_two(limit: int) -> int:
-    """The largest power of two <= `limit` (1 for anything below 2)."""
+def run_lengths(steps_per_dispatch: int) -> list[int]:
+    """Every length a run may take, longest first: the powers of two up to
+    `steps_per_dispatch` (8, 4, 2, 1)."""
+    return [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]
+
+
+def run_length(limit: int) -> int:
+    """The longest run length (a power of two, see `run_lengths`) of at most `limit` steps; 1 at least."""
     return 1 << (max(1, limit).bit_length() - 1)
 
 

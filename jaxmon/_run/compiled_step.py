@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import logging
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._processes.agree import every_process_at
 from jaxmon._run.batches import abstract, abstract_run, on_device, one_step, stack_leaves
 from jaxmon._run.fetches import FetchSpec, paths
@@ -24,6 +26,7 @@ from jaxmon._run.scan_unroll import canonical_convolutions, convolves, dynamic_l
 logger = logging.getLogger("jaxmon")
 #: How long each compilation took (INFO), under its own name so that it can be silenced.
 compile_log = logging.getLogger("jaxmon.compile")
+_UNTIMED = contextlib.nullcontext()
 
 #: More compiled variants than this suggests a fetch set that changes every run.
 VARIANT_WARNING = 8
@@ -117,9 +120,9 @@ class CompiledStep:
 
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool = True, lengths: Sequence[int] = (1,),
                  accumulate: Callable[..., tuple[Any, Any]] | None = None, unroll: int | bool | str = 1,
-                 spent: dict[str, float] | None = None):
+                 spent: TimeSpent | None = None):
         check_step_fn(step_fn)
-        self._spent = {"compile": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
+        self._spent = TimeSpent() if spent is None else spent
         self.traced_step_fn = trace_once(step_fn, lambda result, state, batch: _check_result(result, state))
         # The carry is the session's own: each run takes it (updated in place), and a read keeps a copy.
         self._donate = (0, 2) if donate_state else (2,)
@@ -199,17 +202,14 @@ class CompiledStep:
             if ahead is not None and not ahead.done() and self._ready(key, 1) and not self.constrained:
                 return self._step_by_step(key, state, batch, program_steps, carry)  # while its program compiles
             first = self._ahead.pop((key, program_steps), None) is not None  # its first call: compile time
-            started = time.perf_counter() if first else 0.0
             try:
-                if first:
-                    ahead.result()  # the rest of its compilation, if the background is not done yet
-                return variant(*arguments)  # the first call traces it again: JAX's caches hold the program
+                with self._spent.timing("compile") if first else _UNTIMED:
+                    if first:
+                        ahead.result()  # the rest of its compilation, if the background is not done yet
+                    return variant(*arguments)  # the first call traces it again: JAX's caches hold the program
             except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
                 check_batch(batch, step + 1)
                 raise
-            finally:
-                if first:
-                    self._spent["compile"] += time.perf_counter() - started
         check_batch(batch, step + 1)
         if self._convolves is None:  # the first call: what "auto" does depends on the step too
             self._convolves = (self._unroll == "auto" and self._platform == "cpu" and self._most > 1
@@ -219,20 +219,20 @@ class CompiledStep:
             self._compile_ahead(key, owners, ahead, batch, program_steps, listed, lengths=(program_steps,))
             return self._step_by_step(key, state, batch, program_steps, carry)
         variant = self._variant(key, owners, program_steps)
-        started, waited = time.perf_counter(), 0.0
-        if not self._ran and jax.process_count() > 1:  # see `agree.every_process_at`
-            variant.lower(*arguments).compile()
-            waited = every_process_at("compiled the step")
-        self._ran = True
-        result = variant(*arguments)
-        took = time.perf_counter() - started
-        self._spent["compile"] += took
+        waited = 0.0
+        with self._spent.timing("compile") as compiling:
+            if not self._ran and jax.process_count() > 1:  # see `agree.every_process_at`
+                variant.lower(*arguments).compile()
+                waited = every_process_at("compiled the step")
+            self._ran = True
+            result = variant(*arguments)
         if waited >= 1:
             compile_log.info("Waited %.1f s for the other processes to compile the step.", waited)
-            took -= waited
-        compile_log.info("Compiled the step for runs of %s%d step%s with %d fetched value%s in %.2f s.",
-                         "up to "[:len(arguments) == 4 and 6], program_steps, "s"[:program_steps != 1], len(key),
-                         "s"[:len(key) != 1], took)
+        runs = f"up to {program_steps}" if self._dynamic else f"{program_steps}"
+        steps = "step" if program_steps == 1 else "steps"
+        values = "value" if len(key) == 1 else "values"
+        compile_log.info("Compiled the step for runs of %s %s with %d fetched %s in %.2f s.", runs, steps, len(key),
+                         values, compiling.secs - waited)
         if ahead:  # the one-step programs that let a later run of a new length go step by step
             self._compile_ahead(key, owners, ahead, batch, program_steps, listed, lengths=(1,))
             if key:

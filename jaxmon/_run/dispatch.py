@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -17,9 +16,10 @@ from jaxmon._base import errors
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._ops.host_syncs import HostSyncs
+from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._run import fetches as _fetches
 from jaxmon._run import sharding as _sharding
-from jaxmon._run.batches import Placed, Steps, on_device, on_host, pad_run
+from jaxmon._run.batches import Placed, Steps, on_device, on_host, pad_run, run_lengths
 from jaxmon._run.compiled_step import CompiledStep, check_batch
 from jaxmon._run.plan import CALLER, RunPlan, RunResult
 
@@ -48,17 +48,16 @@ class Dispatch:
     def __init__(self, step_fn: Callable[..., Any], *, donate_state: bool, placement: _sharding.Placement | None,
                  max_dispatch_ahead: int | None | str, accumulators: Accumulators | None = None,
                  steps_per_dispatch: int = 1, scan_unroll: int | bool | str = "auto",
-                 spent: dict[str, float] | None = None, host_syncs: HostSyncs | None = None):
+                 spent: TimeSpent | None = None, host_syncs: HostSyncs | None = None):
         if max_dispatch_ahead == "auto":
             max_dispatch_ahead = _sharding.dispatch_ahead_default(placement)
         if max_dispatch_ahead is not None:
             errors.check_int("max_dispatch_ahead", max_dispatch_ahead, minimum=1)
-        lengths = [1 << n for n in reversed(range(steps_per_dispatch.bit_length()))]  # 8, 4, 2, 1
         self._accumulators = accumulators if accumulators is not None and accumulators.active else None
-        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=lengths,
+        self._spent = TimeSpent() if spent is None else spent
+        self._compiled = CompiledStep(step_fn, donate_state=donate_state, lengths=run_lengths(steps_per_dispatch),
                                       accumulate=self._accumulators and self._accumulators.update,
-                                      unroll=scan_unroll, spent=spent)
-        self._spent = spent
+                                      unroll=scan_unroll, spent=self._spent)
         self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
         self._placement = placement
         self._single = steps_per_dispatch == 1  # every run is one step, padded to no other length
@@ -151,22 +150,18 @@ class Dispatch:
         if accumulators is not None:
             carry = accumulators.carry
             if carry is None:  # the first run since the state was created: traces the step for the shapes
-                started = time.perf_counter()
-                carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed,
-                                             program_steps=run.program_steps, step=step,
-                                             sharding=_carry_sharding(state, self._placement))
-                if self._spent is not None:
-                    self._spent["compile"] += time.perf_counter() - started
+                with self._spent.timing("compile"):
+                    carry = accumulators.prepare(self._compiled.traced_step_fn, state, fed,
+                                                 program_steps=run.program_steps, step=step,
+                                                 sharding=_carry_sharding(state, self._placement))
         try:
             with self._copies(step):
                 result = self._compiled(fetches.key, state, fed, owners=fetches.owners,
                                         program_steps=run.program_steps, length=run.length, carry=carry,
                                         unfed=run.batch, step=step, listed=listed)
         except Exception as error:  # on the trace of a new program only: raising costs nothing before
-            if self._placement is not None and type(error).__name__ == "ShardingTypeError":
-                note = _sharding.explicit_axes_note(self._placement.mesh)
-                if note is not None:
-                    error.add_note(note)
+            if self._placement is not None:
+                _sharding.note_explicit_axes(error, self._placement.mesh)
             raise
         if accumulators is None:
             new_state, outputs, fetched = result

@@ -10,8 +10,7 @@ import collections
 import contextlib
 import logging
 import math
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from jaxmon._base import errors
@@ -22,7 +21,7 @@ from jaxmon._base.triggers import Trigger
 from jaxmon._ops import report_thread
 from jaxmon._ops.failures import Failures
 from jaxmon._ops.host_syncs import HostSyncError, HostSyncs
-from jaxmon._ops.time_spent import category_of
+from jaxmon._ops.time_spent import TimeSpent, category_of
 from jaxmon._run.fetches import normalize
 from jaxmon._run.host import to_host
 from jaxmon._run.plan import QUIET, Call, RunPlan, RunResult
@@ -67,12 +66,12 @@ class HookRunner:
     """
 
     def __init__(self, hooks: Iterable[Hook] | None, host_syncs: HostSyncs | None = None,
-                 spent: dict[str, float] | None = None, failures: Failures | None = None):
+                 spent: TimeSpent | None = None, failures: Failures | None = None):
         self.hooks = _check_hooks(() if hooks is None else hooks)
         self._failures = Failures() if failures is None else failures
-        # The session's seconds by category (`time_spent`), and the category of each hook's time.
-        self._spent = spent
-        self._categories = {} if spent is None else {id(hook): category_of(hook) for hook in self.hooks}
+        # The session's clocks, and the category of each hook's time.
+        self._spent = TimeSpent() if spent is None else spent
+        self._categories = {id(hook): category_of(hook) for hook in self.hooks}
         self._timing = False  # an event is being timed
         self._slots = [_Slot(hook, schedule_of(hook), _has(hook, "before_run"), _has(hook, "after_run"),
                              report_thread.reports_off_loop(hook)) for hook in self.hooks]
@@ -114,13 +113,12 @@ class HookRunner:
         outer = self._open()
         try:
             for hook in self.hooks:
-                self._current, started = hook, self._start()
+                self._current = hook
                 try:
-                    getattr(hook, event)(*args)
+                    with self._timed(hook):
+                        getattr(hook, event)(*args)
                 except Exception as error:
                     self.failed(hook, event, step, error)
-                finally:
-                    self._took(hook, started)
             self._run_later(event, step)
         finally:
             self._later, self._current = outer
@@ -144,15 +142,14 @@ class HookRunner:
     def _run_later(self, event: str, step: int) -> None:
         while self._later:
             hook, fn = self._later.pop(0)
-            self._current, started = hook, self._start()
+            self._current = hook
             try:
-                fn()
+                with self._timed(hook):
+                    fn()
             except Exception as error:
                 if hook is None:
                     raise
                 self.failed(hook, event, step, error)
-            finally:
-                self._took(hook, started)
 
     def run_limit(self, step: int, limit: int) -> int:
         """`limit`, cut to the next step some hook must end a run on. A sleeping hook's
@@ -237,13 +234,9 @@ class HookRunner:
 
     def _before_run(self, slot: _Slot, ctx: RunContext) -> RunArgs | None:
         """`slot`'s hook's `before_run`, timed (and guarded), its answer checked."""
-        started = self._start()
-        try:
-            with self._guard(slot.hook):
-                args = slot.hook.before_run(ctx)
-            return None if args is None else _check_run_args(args, slot.hook)
-        finally:
-            self._took(slot.hook, started)
+        with self._timed(slot.hook), self._guard(slot.hook):
+            args = slot.hook.before_run(ctx)
+        return None if args is None else _check_run_args(args, slot.hook)
 
     def after_run(self, plan: RunPlan, result: RunResult, step: int, read: Any = None) -> Any:
         """Delivers the previous run's late `after_run`s, queues this run's, then calls
@@ -337,32 +330,30 @@ class HookRunner:
                 fetched = None if results is None else results[i]
                 values = plain if fetched is None and accumulated is None else RunValues(
                     fetched, step, outputs, accumulated)
-                self._current, started = call.hook, self._start()
+                self._current = call.hook
                 try:
-                    with self._guard(call.hook):
+                    with self._timed(call.hook), self._guard(call.hook):
                         call.hook.after_run(plan.ctx, values)
                 except Exception as error:
                     self.failed(call.hook, "after_run", step, error)
-                finally:
-                    self._took(call.hook, started)
             self._run_later("after_run", step)
         finally:
             self._later, self._current = outer
 
-    def _start(self) -> float | None:
-        """When a hook's event starts (None: not timed, or inside another timed event,
-        such as a save's `sync()` delivering late hooks: it counts as the outer one's)."""
-        if self._spent is None or self._timing:
-            return None
+    @contextlib.contextmanager
+    def _timed(self, hook: Hook | None) -> Iterator[None]:
+        """A hook's event: its time goes to `hook`'s category (none for a call no hook
+        asked for). One inside another timed event, such as a save's `sync()` delivering
+        late hooks, counts as the outer one's."""
+        if self._timing:
+            yield
+            return
         self._timing = True
-        return time.perf_counter()
-
-    def _took(self, hook: Hook | None, started: float | None) -> None:
-        """A hook's event begun at `started` ends: its time goes to `hook`'s category."""
-        if started is not None:
+        try:
+            with self._spent.timing(self._categories[id(hook)]) if hook is not None else _AS_IS:
+                yield
+        finally:
             self._timing = False
-            if hook is not None:
-                self._spent[self._categories[id(hook)]] += time.perf_counter() - started
 
     def _guard(self, hook: Hook) -> contextlib.AbstractContextManager:
         """Where `hook`'s run events run: guarded against host reads with `debug_host_syncs`
@@ -373,13 +364,11 @@ class HookRunner:
     def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
         """Every `after_read` of one read of the accumulators, in list order."""
         for hook, hook_values in values:
-            started = self._start()
             try:
-                hook.after_read(step, hook_values)
+                with self._timed(hook):
+                    hook.after_read(step, hook_values)
             except Exception as error:
                 self.failed(hook, "after_read", step, error)
-            finally:
-                self._took(hook, started)
 
     def close(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""

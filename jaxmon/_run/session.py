@@ -103,20 +103,20 @@ class MonitoredSession:
                          scan_unroll, watchdog_secs, watchdog_startup_secs)
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         host_syncs, self._spent, self._failures = HostSyncs(debug_host_syncs), TimeSpent(), Failures()
-        self._runner = HookRunner(hooks, host_syncs, self._spent.secs, self._failures)
+        self._runner = HookRunner(hooks, host_syncs, self._spent, self._failures)
         self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
-        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, spent=self._spent.secs,
+        self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, spent=self._spent,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
                                   steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,
                                   host_syncs=host_syncs)
         self.steps_per_dispatch, self.stop_grace_period_secs = steps_per_dispatch, stop_grace_period_secs
         self.max_dispatch_ahead = self._dispatch.max_dispatch_ahead
         self._batches = BatchSource(data, steps_per_dispatch, self._runner.run_limit, prefetch=prefetch,
-                                    place=self._dispatch.place_run, host_syncs=host_syncs, spent=self._spent.secs)
+                                    place=self._dispatch.place_run, host_syncs=host_syncs, spent=self._spent)
         self._life = StateLife(init_fn, state, placement=placement, checkpoint_dir=checkpoint_dir,
                                warm_start=warm_start, initial_step=initial_step, config=config,
                                hooks=self.hooks, batches=self._batches, accumulators=self._accumulators,
-                               max_recoveries=max_recoveries, donate_state=donate_state, spent=self._spent.secs)
+                               max_recoveries=max_recoveries, donate_state=donate_state, spent=self._spent)
         self._state, self._step, self._closed = None, initial_step, False
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
@@ -179,7 +179,8 @@ class MonitoredSession:
         for attempt in range(1, self._life.max_recoveries + 1):
             logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
                            error, attempt, self._life.max_recoveries)
-            isinstance(error, _errors.RollbackError) and self._stopping.rolled_back()
+            if isinstance(error, _errors.RollbackError):
+                self._stopping.rolled_back()
             self._life.create(self._created, recovering=error)
             # A batch in hand is past the restored data position: take the next one.
             take = take or (from_data and self._life.data_rewound)
@@ -196,16 +197,19 @@ class MonitoredSession:
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
         steps, batch, given = as_run(batch, self.steps_per_dispatch)
-        (preemption := self._preemption).requested and self._runner.reschedule()  # a saver's next trigger is now
+        preemption = self._preemption
+        if preemption.requested:  # a saver's next trigger is now
+            self._runner.reschedule()
         plan = self._runner.before_run(self, self._step, steps=steps, fetches=fetches, batch=given,
                                        wake=wanted is not None)
         result = self._dispatch(self._state, batch, plan, wanted=wanted, steps=steps, step=self._step)
         self._state, self._step = result.state, self._step + steps
-        self._failures and self._failures.raise_first(self._step)  # a save or a report failed: stop now
+        if self._failures:  # a save or a report failed: stop now
+            self._failures.raise_first(self._step)
         if preemption.polling or preemption.requested:  # JAX's sync point sees every step (else it does nothing)
             for done in range(self._step - steps + 1, self._step + 1):
                 self._stopping.after_run(done)
-        read = plan.readers and self._accumulators.read(self._step, plan.readers, plan.keeps)
+        read = self._accumulators.read(self._step, plan.readers, plan.keeps) if plan.readers else None
         caller = self._runner.after_run(plan, result, self._step, read)
         return result.outputs if caller is None else caller
 
@@ -307,7 +311,8 @@ class MonitoredSession:
         with self._failures:  # the last saves and reports report to this session
             try:
                 if clean:
-                    self._agreed and self._agreed.close()  # several processes: an error held since the last agreement
+                    if self._agreed is not None:  # several processes: an error held since the last agreement
+                        self._agreed.close()
                     self.sync()
                     self._runner.end(self)
                 else:
@@ -320,7 +325,8 @@ class MonitoredSession:
                     self._runner.close(raise_errors=ok and clean)
                 finally:
                     self._watchdog.stop()
-        clean and self._runner.sync(self._step)  # a report that failed while the hooks ended is raised here
+        if clean:  # a report that failed while the hooks ended is raised here
+            self._runner.sync(self._step)
         self._preemption.after_close(self._step)  # after a Ctrl-C, saved: KeyboardInterrupt
 
     def __enter__(self) -> MonitoredSession:

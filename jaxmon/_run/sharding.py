@@ -15,13 +15,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 CPU_DISPATCH_AHEAD = 16
 
 
-def explicit_axes_note(mesh: Mesh) -> str | None:
-    """What to do about JAX refusing a sharding in the step, on a mesh with Explicit axes
-    (`jax.make_mesh`'s default since JAX 0.10), or None on a mesh without them."""
+try:  # JAX's error for a sharding its explicit-axes typing refuses (jax.errors does not export it)
+    from jax._src.core import ShardingTypeError as _SHARDING_TYPE_ERROR
+except ImportError:  # a JAX without it raises none
+    _SHARDING_TYPE_ERROR = type(None)
+
+
+def note_explicit_axes(error: Exception, mesh: Mesh) -> None:
+    """Adds to JAX's refusal of a sharding in the step (`error`), on a mesh with Explicit
+    axes (`jax.make_mesh`'s default since JAX 0.10), what to do about it; any other
+    error, or a mesh without them, is left as it is."""
     explicit = [name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
                 if kind == jax.sharding.AxisType.Explicit]
-    if not explicit:
-        return None
+    if isinstance(error, _SHARDING_TYPE_ERROR) and explicit:
+        error.add_note(_explicit_axes_note(mesh, explicit))
+
+
+def _explicit_axes_note(mesh: Mesh, explicit: list[str]) -> str:
     return (f"(jaxmon) The session's mesh has Explicit axes {explicit} (jax.make_mesh's default): JAX then "
             "checks the sharding of every value the step computes, and refuses the operation above. Either "
             "build the mesh with Auto axes, to let XLA choose shardings as before: "

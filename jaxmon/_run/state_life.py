@@ -7,7 +7,6 @@ import itertools
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ from jaxmon._base.triggers import SecondOrStepTimer
 from jaxmon._checkpoints import manager as _checkpoint
 from jaxmon._checkpoints import warm_start as _warm_start
 from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._run import sharding as _sharding
 from jaxmon._run.batches import BatchSource
 
@@ -61,8 +61,8 @@ class StateLife:
                  checkpoint_dir: str | os.PathLike | None, warm_start: Any, initial_step: int,
                  config: Mapping[str, Any] | None,
                  hooks: tuple[Hook, ...], batches: BatchSource, accumulators: Accumulators, max_recoveries: int,
-                 donate_state: bool = True, spent: dict[str, float] | None = None):
-        self._spent = {"init": 0.0, "restore": 0.0} if spent is None else spent  # seconds by category (`time_spent`)
+                 donate_state: bool = True, spent: TimeSpent | None = None):
+        self._spent = TimeSpent() if spent is None else spent
         self._make_state = init_fn if init_fn is not None else _once(state)
         self._init_fn = self._make_state
         if placement is not None:
@@ -114,21 +114,18 @@ class StateLife:
     def _restore_or_init(self, recovering: BaseException | None) -> tuple[Any, int]:
         """The state and its step: restored (its time the session's `restore`), else built
         fresh (its time `init`, with the look for a checkpoint that found none)."""
-        started, category = time.perf_counter(), "restore"
-        try:
+        with self._spent.timing("restore") as timing:
             restored = self._restore(recovering)
             self.rejected, self.data_rewound, self.windows = None, False, None
             if restored is not None:
                 state, step = self._resume(restored, recovering), restored.step
             else:
-                category = "init"
+                timing.category = "init"
                 state, step = self._init_fn(), self._initial_step
                 if self._warm_start is not None:
                     state, self.warm_start_report = _warm_start.warm_start(state, self._warm_start)
                 state = unaliased(state, donated=self._donate_state)
             return (state if self._placement is not None else committed(state)), step
-        finally:
-            self._spent[category] += time.perf_counter() - started
 
     def _restore(self, recovering: BaseException | None) -> _checkpoint.Restored | None:
         if self.checkpoint_dir is None or not _checkpoint.complete_steps(self.checkpoint_dir):

@@ -19,6 +19,7 @@ import jaxmon as jm
 from jaxmon._checkpoints import manager as _checkpoint
 from jaxmon._checkpoints import step_dirs as _step_dirs
 from jaxmon._metrics.accumulators import Accumulators
+from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._run.batches import BatchSource
 from jaxmon._run.state_life import Snapshot, StateLife, _hook_keys
 
@@ -120,12 +121,12 @@ def test_a_fresh_state_is_init_time_and_a_restored_one_restore_time(tmp_path, ch
         time.sleep(0.05)
         return zero()
 
-    spent = {"init": 0.0, "restore": 0.0}
+    spent = TimeSpent()
     create(life(tmp_path / "empty", init_fn=slow_init, spent=spent))
-    assert spent["init"] >= 0.05 and spent["restore"] == 0.0  # nothing restored: none of it is restore time
-    spent = {"init": 0.0, "restore": 0.0}
+    assert spent.secs["init"] >= 0.05 and spent.secs["restore"] == 0.0  # nothing restored: none of it is restore time
+    spent = TimeSpent()
     create(life(checkpoints, init_fn=slow_init, spent=spent))
-    assert spent["restore"] > 0.0 and spent["init"] == 0.0
+    assert spent.secs["restore"] > 0.0 and spent.secs["init"] == 0.0
 
 
 def test_the_latest_checkpoint_is_restored_with_its_step_and_data_position(checkpoints):
