@@ -92,10 +92,10 @@ class FetchPlan:
         self.key: tuple[Callable[..., Any], ...] = tuple(
             sorted((spec for spec in self.owners if not isinstance(spec, str)), key=lambda spec: (hash(spec), id(spec)))
         )
-        # Nobody asked anything (most runs): the same answer every time, made once.
-        self._nothing = [None] * len(requests) if all(r is None for _, r in requests) else None
+        # Nobody asked anything (most runs): the same answer every time, made once (a tuple: no caller changes it).
+        self._nothing = (None,) * len(requests) if all(r is None for _, r in requests) else None
 
-    def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> list[Any]:
+    def route(self, outputs: Mapping[str, Any], fetched: Sequence[Any]) -> Sequence[Any]:
         """Each requester's values (device arrays) in the structure it asked, None for
         those that asked none."""
         if self._nothing is not None:

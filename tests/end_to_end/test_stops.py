@@ -49,7 +49,8 @@ class SignalAt(jm.Hook):
 def config(tmp_path_factory):
     directory = tmp_path_factory.mktemp("stops")
     path = tiny_config(directory, steps=STEPS)
-    path.write_text(path.read_text().replace('{"name": "NanHook"}', '{"name": "NanHook"}, {"name": "signal_at:SignalAt"}'))
+    hooks = '{"name": "NanHook"}, {"name": "signal_at:SignalAt"}'
+    path.write_text(path.read_text().replace('{"name": "NanHook"}', hooks))
     (directory / "signal_at.py").write_text(SIGNAL_AT)
     return path
 

@@ -144,7 +144,7 @@ def test_route_gives_each_requester_its_values_in_its_structure_and_none_to_thos
 def test_a_plan_nobody_asked_anything_of_routes_none_to_everyone():
     plan = FetchPlan([("caller", None), ("hook", None)])
     assert plan.key == () and plan.owners == {}
-    assert plan.route(OUTPUTS, ()) == [None, None]
+    assert plan.route(OUTPUTS, ()) == (None, None)
 
 
 def test_a_nested_output_is_found_by_its_path_and_a_sub_dict_by_its_prefix():
