@@ -33,24 +33,74 @@ logger = logging.getLogger("jaxmon")
 #: them (a run's reports each) queued before `flush` waits for the thread.
 MAX_QUEUED = 1000
 
-_queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args, box); a put wakes the thread
-_pending: list[tuple[Callable[..., Any], tuple, Any]] = []  # submitted since the last `flush`
-_thread: threading.Thread | None = None
-_ident: int | None = None  # the thread's
-_lock = threading.Lock()
+class ReportThread:
+    """One `jaxmon-report` thread and what waits for it: the work submitted since the last
+    hand-over (`pending`), the lists handed over (`queue`), under one lock."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # lists of (fn, args, box); a put wakes the thread
+        self._pending: list[tuple[Callable[..., Any], tuple, Any]] = []  # submitted since the last `flush`
+        self._thread: threading.Thread | None = None
+        self._ident: int | None = None  # the thread's
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Calls `fn(*args)` on the report thread after everything submitted before it, once
+        handed over (`flush`, `wait`); on that thread itself: now, which keeps the order."""
+        if threading.get_ident() == self._ident:
+            fn(*args)
+            return
+        with self._lock:
+            self._pending.append((fn, args, failures.current()))
+            full = len(self._pending) >= MAX_QUEUED
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hands what was submitted since the last `flush` to the report thread (one wake-up);
+        waits first while the thread is `MAX_QUEUED` behind."""
+        with self._lock:
+            work, self._pending = self._pending, []
+            if work and self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="jaxmon-report", daemon=True)
+                self._thread.start()
+        if not work:
+            return
+        if self._queue.qsize() >= MAX_QUEUED:  # the thread is far behind: let it catch up rather than grow
+            self.wait()
+        self._queue.put(work)
+
+    def wait(self) -> None:
+        """Returns once everything submitted so far is done (on the report thread: at once)."""
+        if threading.get_ident() == self._ident:
+            return
+        self.flush()
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put([(done.set, (), None)])
+            done.wait()
+
+    def _work(self) -> None:
+        self._ident = threading.get_ident()
+        while True:
+            for fn, args, box in self._queue.get():
+                try:
+                    if box is None:
+                        fn(*args)
+                    else:
+                        with box:  # what fails inside it (a writer's write) goes there too
+                            fn(*args)
+                except BaseException as error:  # noqa: BLE001 - raised on the loop; the thread goes on
+                    failures.report(box, error, "A report")
+
+
+#: The process's report thread (a forked child makes its own: the thread is not forked).
+_thread = ReportThread()
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> None:
-    """Calls `fn(*args)` on the report thread after everything submitted before it, once
-    handed over (`flush`, `wait`); on that thread itself: now, which keeps the order."""
-    if threading.get_ident() == _ident:
-        fn(*args)
-        return
-    with _lock:
-        _pending.append((fn, args, failures.current()))
-        full = len(_pending) >= MAX_QUEUED
-    if full:
-        flush()
+    """`ReportThread.submit` on the process's report thread."""
+    _thread.submit(fn, *args)
 
 
 def submit_for(hook: Any, fn: Callable[..., Any], *args: Any) -> None:
@@ -69,30 +119,13 @@ def _under_policy(hook: Any, fn: Callable[..., Any], args: tuple) -> None:
 
 
 def flush() -> None:
-    """Hands what was submitted since the last `flush` to the report thread (one wake-up);
-    waits first while the thread is `MAX_QUEUED` behind."""
-    global _pending, _thread
-    if not _pending:
-        return
-    with _lock:
-        work, _pending = _pending, []
-        if _thread is None:
-            _thread = threading.Thread(target=_work, name="jaxmon-report", daemon=True)
-            _thread.start()
-    if _queue.qsize() >= MAX_QUEUED:  # the thread is far behind: let it catch up rather than grow
-        wait()
-    _queue.put(work)
+    """`ReportThread.flush` on the process's report thread."""
+    _thread.flush()
 
 
 def wait() -> None:
-    """Returns once everything submitted so far is done (on the report thread: at once)."""
-    if threading.get_ident() == _ident:
-        return
-    flush()
-    if _thread is not None:
-        done = threading.Event()
-        _queue.put([(done.set, (), None)])
-        done.wait()
+    """`ReportThread.wait` on the process's report thread."""
+    _thread.wait()
 
 
 def reports(after_run: Callable[..., None]) -> Callable[..., None]:
@@ -108,25 +141,10 @@ def reports_off_loop(hook: Any) -> bool:
     return getattr(type(hook).after_run, "reports_off_loop", False)
 
 
-def _work() -> None:
-    global _ident
-    _ident = threading.get_ident()
-    while True:
-        for fn, args, box in _queue.get():
-            try:
-                if box is None:
-                    fn(*args)
-                else:
-                    with box:  # what fails inside it (a writer's write) goes there too
-                        fn(*args)
-            except BaseException as error:  # noqa: BLE001 - raised on the loop; the thread goes on
-                failures.report(box, error, "A report")
-
-
 def _forget_thread() -> None:
-    """In a forked child the thread is gone: the next `flush` starts another."""
-    global _queue, _pending, _thread, _ident, _lock
-    _queue, _pending, _thread, _ident, _lock = queue.SimpleQueue(), [], None, None, threading.Lock()
+    """In a forked child the thread is gone: a new one starts at the next `flush`."""
+    global _thread
+    _thread = ReportThread()
 
 
 os.register_at_fork(after_in_child=_forget_thread)
