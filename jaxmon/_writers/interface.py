@@ -21,6 +21,17 @@ class SummaryWriter(Protocol):
     def close(self) -> None: ...
 
 
+class NoArrays:
+    """For a writer that keeps scalars and texts only (metrics.jsonl, MLflow, W&B):
+    histograms and images are not written there."""
+
+    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
+        del step, arrays
+
+    def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None:
+        del step, images
+
+
 def restart(writer: Any, step: int) -> None:
     """`writer.restart(step)` for a writer that has it (a user's writer may not)."""
     method = getattr(writer, "restart", None)

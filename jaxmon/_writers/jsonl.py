@@ -16,9 +16,10 @@ import numpy as np
 
 from jaxmon._base.paths import open_fd, open_file
 from jaxmon._writers.hparams import flat_hparams
+from jaxmon._writers.interface import NoArrays
 
 
-class JsonlWriter:
+class JsonlWriter(NoArrays):
     """Writes scalars as JSON lines, one line per step, for pandas (`read_json(lines=True)`).
 
     The file: an optional first line `{"hparams": {...}}` (hyper-parameters written at a
@@ -83,12 +84,6 @@ class JsonlWriter:
         for tag, value in scalars.items():
             value = np.asarray(value).item()
             record[tag] = value if isinstance(value, int) or math.isfinite(value) else str(value)
-
-    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
-        pass
-
-    def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None:
-        pass
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         self._at(step).update({tag: str(text) for tag, text in texts.items()})

@@ -12,13 +12,14 @@ import numpy as np
 
 from jaxmon._base.paths import open_file
 from jaxmon._writers.hparams import flat_hparams
+from jaxmon._writers.interface import NoArrays
 
 #: Where a run's directory keeps the id of its MLflow run.
 RUN_FILE = "mlflow_run.json"
 _PARAM_CHARS = 6000  # MLflow's longest param value
 
 
-class MlflowWriter:
+class MlflowWriter(NoArrays):
     """Writes summaries into an MLflow run: scalars as metrics at their step,
     hyper-parameters as params (flattened: `model.width`), text as artifacts
     `text/<tag>/step_<step>.txt`; histograms and images are left to TensorBoard.
@@ -77,12 +78,6 @@ class MlflowWriter:
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(tag, float(np.asarray(value)), now, int(step))
                                           for tag, value in scalars.items()])
-
-    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
-        pass
-
-    def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None:
-        pass
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         client, run_id = self._run()

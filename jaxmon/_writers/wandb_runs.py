@@ -12,12 +12,13 @@ import numpy as np
 
 from jaxmon._base.paths import open_file
 from jaxmon._writers.hparams import flat_hparams
+from jaxmon._writers.interface import NoArrays
 
 #: Where a run's directory keeps the id of its W&B run.
 RUN_FILE = "wandb_run.json"
 
 
-class WandbWriter:
+class WandbWriter(NoArrays):
     """Writes summaries into a Weights & Biases run: scalars at their step (`run.log`),
     hyper-parameters into its config (flattened: `model.width`), text as files of the run
     (`text/<tag>/step_<step>.txt`); histograms and images are left to TensorBoard.
@@ -70,12 +71,6 @@ class WandbWriter:
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         self.run.log({tag: float(np.asarray(value)) for tag, value in scalars.items()}, step=int(step))
-
-    def write_histograms(self, step: int, arrays: Mapping[str, np.ndarray]) -> None:
-        pass
-
-    def write_images(self, step: int, images: Mapping[str, np.ndarray]) -> None:
-        pass
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         for tag, text in texts.items():
