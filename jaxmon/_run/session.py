@@ -158,32 +158,26 @@ class MonitoredSession:
         with self._failures:  # what the hooks hand off in this run reports to this session
             if self._agreed is not None:
                 return self._agreed.run(lambda batch: self._run_once(batch, fetches, wanted), batch)
-            from_data = take = batch is None and self._batches.has_data
             try:
-                try:
-                    if take:
-                        batch, take = self._batches.next(self._step), False
-                    return self._run_once(batch, fetches, wanted)
-                except Exception as error:
-                    if isinstance(error, StopIteration) or not _errors.is_recoverable(error):
-                        raise
-                    return self._recover(error, batch, take, from_data, fetches, wanted)
+                return self._attempts(batch, fetches, wanted)
             except StopIteration:
                 self._stopping.request()  # end of data: a clean stop
                 raise
 
-    def _recover(self, error: Exception, batch: Any, take: bool, from_data: bool, fetches: Any,
-                 wanted: dict | None) -> Any:
-        """Re-creates the state after a recoverable `error` and runs again, up to
-        `max_recoveries` times; `take`: the run's batch is still to be taken from data."""
-        for attempt in range(1, self._life.max_recoveries + 1):
-            logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
-                           error, attempt, self._life.max_recoveries)
-            if isinstance(error, _errors.RollbackError):
-                self._stopping.rolled_back()
-            self._life.create(self._created, recovering=error)
-            # A batch in hand is past the restored data position: take the next one.
-            take = take or (from_data and self._life.data_rewound)
+    def _attempts(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
+        """The run, taking its batch from `data` if none is given; after a recoverable
+        error, the state re-created and the run tried again, up to `max_recoveries` times."""
+        from_data = take = batch is None and self._batches.has_data
+        error = None
+        for attempt in range(self._life.max_recoveries + 1):
+            if error is not None:
+                logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
+                               error, attempt, self._life.max_recoveries)
+                if isinstance(error, _errors.RollbackError):
+                    self._stopping.rolled_back()
+                self._life.create(self._created, recovering=error)
+                # A batch in hand is past the restored data position: take the next one.
+                take = take or (from_data and self._life.data_rewound)
             try:
                 if take:
                     batch, take = self._batches.next(self._step), False
