@@ -119,7 +119,8 @@ class Accumulators:
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
         self._sharding: Any = None
         self._copy_ahead = False  # the carry is on an accelerator: a read starts its copy to the host at once
-        #: The carry the next run starts from; None before the first run after `start`.
+        #: The carry the next run starts from (`prepare`, then each run's by `advance`); None
+        #: before the first run after `start`. Only this object sets it.
         self.carry: jax.Array | None = None
         self._since: dict[int, int] = {}
         self._last_read: Read | None = None
@@ -194,6 +195,10 @@ class Accumulators:
         self._sharding = sharding
         self._copy_ahead = next(iter(self.carry.devices())).platform != "cpu"  # on the CPU, copying is reading
         return self.carry
+
+    def advance(self, carry: jax.Array) -> None:
+        """A run returned `carry`: the next run starts from it."""
+        self.carry = carry
 
     def update(self, carry: jax.Array, state: Any, new_state: Any, batch: Any, outputs: Any) -> tuple[Any, jax.Array]:
         """One step's update (traced): the new carry, and the state to keep."""

@@ -166,7 +166,8 @@ class Dispatch:
         if accumulators is None:
             new_state, outputs, fetched = result
         else:
-            new_state, outputs, fetched, accumulators.carry = result  # the carry the next run starts from
+            new_state, outputs, fetched, carry = result
+            accumulators.advance(carry)
         if self.max_dispatch_ahead is not None:
             self._bound(new_state, outputs, step)
         self._last_batch, self.last_outputs = fed, outputs
