@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "apply_overrides", "load_config"]
+__all__ = ["ConfigError", "apply_overrides", "load_config", "with_article"]
 
 
 class ConfigError(ValueError):
@@ -258,8 +258,8 @@ def _locate(config: dict, parts: list[str]) -> tuple[Any, Any]:
                                   f"{len(node)} items; address one by its index 0..{len(node) - 1}.")
             key = int(part)
         else:
-            raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here!r} is a {type(node).__name__} "
-                              f"({node!r}), which has no keys.")
+            raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here!r} is {_kind(node)} ({node!r}), "
+                              "which has no keys.")
         if depth == len(parts) - 1:
             return node, key
         node = node[key]
@@ -365,10 +365,26 @@ def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
 
 
 def _kind(value: Any) -> str:
+    """What `value` is, in words: "text", "None", or its type's name with its article."""
     if isinstance(value, str):
         return "text"
-    name = type(value).__name__
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+    return "None" if value is None else with_article(type(value).__name__)
+
+
+#: Type names spoken from a consonant though written from a vowel ("a uint8", "a unicode").
+_SPOKEN_YOU = ("uint", "uni", "us", "uu")
+
+
+def with_article(name: str) -> str:
+    """A type's `name` with its indefinite article, as it is spoken.
+
+    Example:
+      >>> [with_article(name) for name in ("int", "list", "OrderedDict", "uint8", "str")]
+      ['an int', 'a list', 'an OrderedDict', 'a uint8', 'a str']
+    """
+    lower = name.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o") or (lower[:1] == "u" and not lower.startswith(_SPOKEN_YOU))
+    return f"{'an' if vowel else 'a'} {name}"
 
 
 def _plain(config: Any, path: str) -> Any:

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._experiment.config_file import ConfigError, with_article
 
 #: The keys an experiment config may have at its top level.
 TOP_LEVEL = ("seed", "prng_impl", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start",
@@ -44,11 +44,12 @@ def get_key(config: Mapping[str, Any], key: str, kind: type, default: Any = _MIS
     """
     if key not in config:
         if default is _MISSING:
-            raise ConfigError(f"The experiment config needs {key!r} (a {kind.__name__}); see configs/default.py.")
+            raise ConfigError(f"The experiment config needs {key!r} ({with_article(kind.__name__)}); see "
+                              "configs/default.py.")
         return default
     value = config[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"Config key {key!r} must be a {kind.__name__}; got {value!r}.")
+        raise ConfigError(f"Config key {key!r} must be {with_article(kind.__name__)}; got {value!r}.")
     return value
 
 
