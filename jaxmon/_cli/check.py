@@ -57,7 +57,7 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> int:
     from jaxmon._cli import signals as _cli_signals
     from jaxmon._experiment.config_file import ConfigError, load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
 
     if args.resume:
         from jaxmon._cli.resume_check import check_resume
@@ -73,7 +73,7 @@ def _check(args: argparse.Namespace) -> int:
 
     with _cli_signals.loading():
         config = load_config(args.config, args.overrides)
-        check_top_level(config)  # before JAX loads
+        check_keys(config)  # before JAX loads
         from jaxmon._experiment.preflight import check_experiment
         from jaxmon._processes.launch import connect
     connect()

@@ -277,7 +277,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
     from jaxmon._processes.local import LEVEL_NAMES, processes_option, run_processes
 
     if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
@@ -285,7 +285,7 @@ def _train(args: argparse.Namespace) -> int:
     with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)
-        check_top_level(config)  # before JAX loads: a misspelled section is said at once
+        check_keys(config)  # before JAX loads: a misspelled section or a value of another type is said at once
         if args.debug_host_syncs:
             config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again

@@ -74,13 +74,13 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
       ConfigError: the config, `steps` or the process counts are refused.
     """
     from jaxmon._experiment.config_file import ConfigError, load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
 
     if steps < 2:
         raise ConfigError(f"--steps {steps}: the check cuts the run at a checkpoint between its first and last "
                           "step; give 2 or more.")
     config = load_config(config_path, overrides)
-    check_top_level(config)
+    check_keys(config)
     cut_at = steps // 2
     config["steps"] = steps
     config["session"] = {**(config.get("session") or {}), "save_checkpoint_steps": cut_at,

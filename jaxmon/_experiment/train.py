@@ -18,7 +18,7 @@ import numpy as np
 from jaxmon._base.paths import LinkedFileError, open_fd, open_file
 from jaxmon._checkpoints.manager import _LOCK_NAME, DirectoryInUseError
 from jaxmon._experiment.config_file import ConfigError
-from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
+from jaxmon._experiment.keys import TOP_LEVEL, check_keys
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
@@ -222,7 +222,8 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
         checkpoints in `workdir` depend on.
     """
     config = dict(config)
-    check_top_level(config)
+    check_keys(config)
+    session_args = session_args_of(config)  # before the data loads: a session key's error is said at once
     workdir = os.fspath(workdir)
     parts = parts_of(config)
     task = parts.task
@@ -231,7 +232,6 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                                                eval_metrics=task.eval_metrics)
     chief_only_hooks.append(throughput_of(config, task.step_fn, batch_size=parts.data.batch_size,
                                           row=parts.data.example["x"][0], workdir=workdir, model=parts.context.model))
-    session_args = session_args_of(config)
     report_changes(config, workdir, report)
     return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,
                        train_data(parts.data, parts.seed), parts.data.eval_split, parts.eval_batches, hooks,

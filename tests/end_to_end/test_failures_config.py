@@ -144,6 +144,25 @@ def test_a_value_that_fails_deep_down_exits_2_naming_its_key_and_value(tmp_path,
     assert not (tmp_path / "run").exists()  # the session had begun writing there: all of it removed
 
 
+@pytest.mark.parametrize("section, key, value, words", [
+    ("data", "batch_size", [64], "'data.batch_size' must be an int, got a list ([64])"),
+    (None, "steps", "100", "'steps' must be an int, got a string ('100')"),
+    ("optimizer", "learning_rate", [2e-3], "'optimizer.learning_rate' must be a number or a schedule"),
+    ("session", "save_checkpoint_steps", [500], "'session.save_checkpoint_steps' must be an int or None, got a list"),
+    ("session", "debug_host_syncs", "yes", "'session.debug_host_syncs' must be True or False, got a string ('yes')"),
+], ids=["batch_size", "steps", "learning_rate", "session-int", "session-bool"])
+def test_a_config_value_of_another_type_exits_2_in_one_line_naming_the_key_and_the_type(tmp_path, section, key, value,
+                                                                                        words):
+    config = tmp_path / "typed.py"
+    where = f"config[{section!r}]" if section else "config"
+    config.write_text(f"import runpy\n\n\ndef get_config():\n    config = runpy.run_path({DEFAULT!r})['get_config']()\n"
+                      f"    {where}[{key!r}] = {value!r}\n    return config\n")
+    result = train(tmp_path / "run", config=config)
+    assert_fails(result, 2, words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_refused_run_removes_the_directories_it_created_and_nothing_else(tmp_path):
     workdir = tmp_path / "new" / "deeper" / "run"
     assert_fails(train(workdir, "--config.seed=-1"), 2, "'seed'")
