@@ -42,6 +42,8 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
       {'optimizer': {'learning_rate': 0.0003}}
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(_directory_given(path))
     if not os.path.isfile(path):
         raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
                           "defining get_config() (e.g. configs/default.py) or a YAML file.")
@@ -62,6 +64,21 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
             raise ConfigError(f"Config key {key!r} is {value!r}: a run needs a finite number there. Give a finite "
                               "float, or None to turn the setting off.")
     return config
+
+
+def _directory_given(path: str) -> str:
+    """What to say when the config's `path` is a directory: a run's, or one of config files."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        names = []
+    if "metrics.jsonl" in names or "hparams.json" in names or any(name.isdigit() for name in names):
+        return (f"--config {path!r} is a run directory, not a config file: give --config the config file the run was "
+                f"trained from, and the run's directory as --workdir (`jaxmon inspect {path}` prints its config).")
+    configs = [name for name in names if name.endswith((".py", ".yaml", ".yml")) and not name.startswith("_")]
+    inside = f"; in it: {', '.join(configs[:8])}{', ...' if len(configs) > 8 else ''}" if configs else ""
+    return (f"--config {path!r} is a directory, not a config file: give the path of a Python file defining "
+            f"get_config() or of a YAML file{inside}.")
 
 
 #: A config's bounds: its file's size (read whole before it is parsed), how deep it nests

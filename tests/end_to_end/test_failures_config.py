@@ -119,6 +119,22 @@ def test_a_binary_config_exits_2_naming_the_file(tmp_path, name, data, words):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("run", [False, True], ids=["configs", "a-run"])
+def test_a_directory_given_as_config_exits_2_saying_it_is_one_and_what_is_wanted(tmp_path, run):
+    directory = tmp_path / "runs" if run else ROOT / "configs"
+    if run:  # what a run leaves: its checkpoints and metrics.jsonl
+        (directory / "10").mkdir(parents=True)
+        (directory / "metrics.jsonl").write_text("")
+    result = train(tmp_path / "run", config=directory)
+    words = ([f"'{directory}' is a run directory, not a config file", "the config file the run was trained from",
+              f"jaxmon inspect {directory}"] if run else
+             [f"'{directory}' is a directory, not a config file", "a Python file defining get_config() or of a YAML "
+              "file", "in it: default.py, gpt2_small.py"])
+    assert_fails(result, 2, *words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, words", [
     ("import os\n\ndef helper():\n    return {}['learning_rate']\n\ndef get_config():\n    return helper()\n",
      ["line 4: KeyError: 'learning_rate'", "raised in its get_config()"]),
