@@ -48,7 +48,7 @@ def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps
         result = train(workdir, "--config.steps=5000", *SAVES_ONLY, "--config.session.save_checkpoint_steps=500")
         last = assert_fails(result, 1, "No space left on device")
         failed, file = re.search(rf"Saving checkpoint (\d+) to {workdir} failed: \[Errno 28\] No space left on "
-                                 r"device, writing (\S+)\. ", last).groups()
+                                 r"device, writing (\S+) \(checkpoint 0 takes (\d+\.\d) KB; ", last).groups()[:2]
         stopped = int(re.search(r"\(found after step (\d+): training stopped there\)", last)[1])
         assert int(failed) == 500 and file.startswith("500.orbax-checkpoint-tmp/"), last
         # Before, the failure surfaced at the next save, step 1000: now a few runs after the write failed.
