@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon._base.paths import LinkedFileError, open_fd, open_file
+from jaxmon._base.paths import LinkedFileError, is_full_disk, open_fd, open_file
 from jaxmon._checkpoints.manager import _LOCK_NAME, DirectoryInUseError
 from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import TOP_LEVEL, check_keys
@@ -133,8 +133,9 @@ def _check_workdir(workdir: str | os.PathLike) -> list[str]:
         os.remove(probe)
     except OSError as error:
         _remove_created(workdir, created)
-        raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; give --workdir "
-                          "a directory this user can write.") from error
+        fix = ("free space there, or give --workdir a directory on a disk with room" if is_full_disk(error) else
+               "give --workdir a directory this user can write")
+        raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; {fix}.") from error
     return created
 
 
