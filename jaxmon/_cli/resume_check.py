@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,17 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
                          "save_checkpoint_secs": None}
     config["hooks"] = [*(config.get("hooks") or []), {"name": f"{__name__}:HoldAfterCheckpoint"}]
     root = workdir or tempfile.mkdtemp(prefix="jaxmon-check-resume-")
+    try:  # a directory of its own is removed however the check ends (a failure, Ctrl-C)
+        return _check_in(root, config, config_path, steps=steps, cut_at=cut_at, processes=processes,
+                         resumed_on=resume_processes or processes, kept=workdir is not None)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_in(root: str, config: dict[str, Any], config_path: str, *, steps: int, cut_at: int, processes: int,
+              resumed_on: int, kept: bool) -> int:
+    """`check_resume` in the directory `root`: the user's (`kept`), or one removed after."""
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "config.py")
     with open(path, "w", encoding="utf-8") as file:
@@ -94,8 +106,8 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(config_path)),
                                                                      os.environ.get("PYTHONPATH")]))}
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
-    resumed_on = resume_processes or processes
-    print(f"jaxmon check --resume: {steps} steps of {config_path} in {root}: whole, then cut by SIGKILL after "
+    where = root if kept else f"{root} (removed at the end; --workdir DIR keeps the runs)"
+    print(f"jaxmon check --resume: {steps} steps of {config_path} in {where}: whole, then cut by SIGKILL after "
           f"checkpoint {cut_at} and resumed" + (f" on {resumed_on} process{'es' if resumed_on > 1 else ''}"
                                                  if resumed_on != processes else ""),
           flush=True)
@@ -120,11 +132,19 @@ def _command(path: str, workdir: str, processes: int) -> list[str]:
 
 
 def _train(path: str, workdir: str, processes: int, env: Mapping[str, str], what: str) -> None:
+    """Trains in `workdir` to the end; every process of it is killed if the check stops first."""
     from jaxmon._experiment.config_file import ConfigError
 
-    result = subprocess.run(_command(path, workdir, processes), env=env, capture_output=True, text=True)
-    if result.returncode:
-        raise ConfigError(f"{what} failed with exit code {result.returncode} ({workdir}): {_last_line(result.stderr)}")
+    process = subprocess.Popen(_command(path, workdir, processes), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate()
+    finally:
+        if process.returncode is None:  # the check stopped (Ctrl-C): its runs stop too, before their directory goes
+            _kill_tree(process.pid)
+            process.wait()
+    if process.returncode:
+        raise ConfigError(f"{what} failed with exit code {process.returncode} ({workdir}): {_last_line(stderr)}")
 
 
 def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, str], cut_at: int) -> None:
