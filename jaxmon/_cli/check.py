@@ -26,8 +26,10 @@ With --resume it proves instead that the config's run resumes as one run: it tra
 once its middle checkpoint is complete; and resumed from there (--processes N for
 both, --resume-processes M for the resume). It then compares the final state (bit for
 bit), every metrics.jsonl value (timings aside) and the checkpoints kept, printing one
-line per difference, or that there is none (exit 1 if any). The runs go into --workdir
-(default: a new temporary directory, removed when the check ends, however it ends).
+line per difference, or that there is none (exit 1 if any); runs that differ before the
+cut end with a line saying the data or the init is not deterministic, and how to seed
+them. The runs go into --workdir (default: a new temporary directory, removed when the
+check ends, however it ends).
 
   jaxmon check --resume --config configs/default.py
   jaxmon check --resume --config configs/default.py --processes 2 --resume-processes 1

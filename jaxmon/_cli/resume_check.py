@@ -197,10 +197,14 @@ def differences(whole: str, cut: str, steps: int, cut_at: int, exact: bool = Tru
     that has no position, that line and a count of what follows."""
     from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
 
-    found = _state_differences(whole, cut, steps, exact) + _record_differences(whole, cut)
+    records = _record_differences(whole, cut)
+    found = _state_differences(whole, cut, steps, exact) + [line for _, line in records]
     kept = (complete_steps(whole), complete_steps(cut))
     if kept[0] != kept[1]:
         found.append(f"checkpoints kept: steps {kept[1]}, where the whole run kept {kept[0]}")
+    first = min((step for step, _ in records if step is not None), default=None)
+    if first is not None and first <= cut_at:  # up to the cut, both runs were the same run: nothing was resumed yet
+        return [*found, _not_deterministic(first, cut_at, len(found))]
     meta = read_meta(os.path.join(cut, str(cut_at))) or {}
     if meta.get("data") is None and meta.get("data_by_process") is None:
         line = (f"data: the training data has no position (its iterator has no get_state()/set_state()), so the "
@@ -208,6 +212,16 @@ def differences(whole: str, cut: str, steps: int, cut_at: int, exact: bool = Tru
                 "(jm.ArrayDataSource, grain, or jm.ResumableIterator around your loader)")
         return [line + (f"; following from it, {len(found)} other values differ" if found else "")]
     return found
+
+
+def _not_deterministic(first: int, cut_at: int, count: int) -> str:
+    """The line that says why runs differ from `first`, a step before the cut at `cut_at`."""
+    return (f"not deterministic: the runs differ from step {first} on, before the cut at checkpoint {cut_at}, where "
+            "both ran alike: the data or the init draws random numbers without a seed. Seed them from the config: "
+            "`seed` seeds the init and the data's shuffle; a data.source of your own gets the data section's other "
+            "keys as arguments (give it a data.seed, as jaxmon.datasets.digits takes one), a task of your own has "
+            "context.seed; " + ("the difference above follows" if count == 1 else
+                                 f"the {count} differences above follow") + " from it")
 
 
 def _state_differences(whole: str, cut: str, steps: int, exact: bool) -> list[str]:
@@ -236,15 +250,19 @@ def _state_differences(whole: str, cut: str, steps: int, exact: bool) -> list[st
     return lines
 
 
-def _record_differences(whole: str, cut: str) -> list[str]:
+def _record_differences(whole: str, cut: str) -> list[tuple[int | None, str]]:
+    """A line for each metrics.jsonl value that differs between the two runs, with its step
+    where both runs wrote it (None where one of them did: a hook may write at a resume)."""
     a, b = _points(whole), _points(cut)
-    lines = []
+    lines: list[tuple[int | None, str]] = []
     for key in sorted(set(a) | set(b)):
         step, tag = key
         if key not in a or key not in b:
-            lines.append(f"metrics.jsonl {tag} at step {step}: only in the {'resumed' if key in b else 'whole'} run")
+            lines.append((None, f"metrics.jsonl {tag} at step {step}: only in the "
+                                f"{'resumed' if key in b else 'whole'} run"))
         elif not _same(a[key], b[key]):
-            lines.append(f"metrics.jsonl {tag} at step {step}: {_shown(b[key])} resumed, {_shown(a[key])} whole")
+            lines.append((step, f"metrics.jsonl {tag} at step {step}: {_shown(b[key])} resumed, {_shown(a[key])} "
+                                "whole"))
     return lines
 
 
