@@ -150,12 +150,17 @@ def is_full_disk(error: BaseException | None) -> bool:
       True
       >>> is_full_disk(OSError(errno.EACCES, "Permission denied"))
       False
+      >>> try:
+      ...     raise RuntimeError("the save failed") from OSError(errno.ENOSPC, "No space left on device")
+      ... except RuntimeError as error:
+      ...     is_full_disk(error)
+      True
     """
-    seen = set()
-    while error is not None and id(error) not in seen:
+    seen: list[BaseException] = []  # a chain that loops back is walked once
+    while error is not None and not any(error is earlier for earlier in seen):
         if getattr(error, "errno", None) in FULL_DISK:
             return True
-        seen.add(id(error))
+        seen.append(error)
         error = error.__cause__ if error.__cause__ is not None or error.__suppress_context__ else error.__context__
     return False
 
