@@ -229,9 +229,8 @@ def _kind_of(annotation: Any) -> Kind | None:
     kinds = [_KINDS.get(name) for name in names if name != "None"]
     if not kinds or None in kinds:
         return None
-    words = " or ".join(kind.words for kind in kinds)
-    kind = Kind(lambda value: any(kind.accepts(value) for kind in kinds), words)
-    return kind.or_none() if "None" in names else kind
+    union = Kind(lambda value: any(each.accepts(value) for each in kinds), " or ".join(each.words for each in kinds))
+    return union.or_none() if "None" in names else union
 
 
 def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,
