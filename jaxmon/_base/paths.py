@@ -1,6 +1,6 @@
 """Names of pytree leaves: a `jax.tree_util` key path as "a/b/c", and nested dicts
 flattened by their keys' paths; files of a run directory opened for writing without
-following a symbolic link."""
+following a symbolic link; a full disk told apart, and the room left on it."""
 
 from __future__ import annotations
 
@@ -136,3 +136,60 @@ def open_file(path: str | os.PathLike, mode: str = "w", *, fresh: bool = False,
             pass
         flags = (flags & ~os.O_TRUNC) | os.O_EXCL
     return os.fdopen(open_fd(path, flags), mode, encoding=encoding)
+
+
+#: The OS errors of a full disk: no space left on the device, or the user's quota spent.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_full_disk(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from (its cause or context), is a full disk.
+
+    Example:
+      >>> is_full_disk(OSError(errno.ENOSPC, "No space left on device"))
+      True
+      >>> is_full_disk(OSError(errno.EACCES, "Permission denied"))
+      False
+      >>> try:
+      ...     raise RuntimeError("the save failed") from OSError(errno.ENOSPC, "No space left on device")
+      ... except RuntimeError as error:
+      ...     is_full_disk(error)
+      True
+    """
+    seen: list[BaseException] = []  # a chain that loops back is walked once
+    while error is not None and not any(error is earlier for earlier in seen):
+        if getattr(error, "errno", None) in FULL_DISK:
+            return True
+        seen.append(error)
+        error = error.__cause__ if error.__cause__ is not None or error.__suppress_context__ else error.__context__
+    return False
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """The bytes free to this user on the disk of `path` (of its nearest existing parent);
+    None where the OS cannot say."""
+    path = os.path.abspath(os.fspath(path))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        stat = os.statvfs(path)
+    except (OSError, AttributeError):  # gone meanwhile, or no statvfs on this OS
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def size_text(n: float) -> str:
+    """`n` bytes in words, the unit chosen to suit: "512 B", "72.0 KB", "1.5 GB".
+
+    Example:
+      >>> size_text(512), size_text(73728), size_text(3 * 2**30 // 2)
+      ('512 B', '72.0 KB', '1.5 GB')
+    """
+    if n < 1024:
+        return f"{n:.0f} B"
+    units = ["KB", "MB", "GB"]
+    n /= 1024
+    while n >= 1024 and len(units) > 1:
+        n /= 1024
+        units.pop(0)
+    return f"{n:.1f} {units[0]}"

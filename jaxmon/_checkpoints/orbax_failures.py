@@ -27,6 +27,7 @@ from typing import Any
 
 from orbax.checkpoint._src import asyncio_utils
 
+from jaxmon._base.paths import FULL_DISK, free_bytes, size_text
 from jaxmon._checkpoints import integrity as _integrity
 
 logger = logging.getLogger("jaxmon")
@@ -61,11 +62,38 @@ def save_error(error: BaseException, directory: str, step: int | None, kept: lis
     if written:  # the file TensorStore failed to write, else the database it was writing in
         path = written[1].rstrip("/")
         reason += f", writing {os.path.relpath(path, directory) if path.startswith(directory + os.sep) else path}"
+    fix = "fix the cause (free space, permissions) and run again to resume from the newest"
+    if errno in FULL_DISK:
+        reason += f" ({_room(directory, kept)})"
+        fix = ("free space there and run again to resume from the newest (or move the directory to a disk with room "
+               "and resume there)")
     failure = SaveError(f"Saving checkpoint {step} to {directory} failed: {reason}. The complete checkpoints are "
-                        f"kept ({'the newest: ' + str(kept[-1]) if kept else 'none yet'}); fix the cause (free "
-                        "space, permissions) and run again to resume from the newest.")
+                        f"kept ({'the newest: ' + str(kept[-1]) if kept else 'none yet'}); {fix}.")
     failure.errno = errno
     return failure
+
+
+def _room(directory: str, kept: list[int]) -> str:
+    """The room a full disk left for a checkpoint of `directory`: what the newest of the
+    complete ones (`kept`) takes, and what is free there."""
+    free = free_bytes(directory)
+    free = "the OS does not say what is free" if free is None else f"{size_text(free)} free there"
+    if not kept:
+        return free
+    return f"checkpoint {kept[-1]} takes {size_text(_bytes_in(os.path.join(directory, str(kept[-1]))))}; {free}"
+
+
+def _bytes_in(directory: str) -> int:
+    """The bytes the files under `directory` take on its disk (their blocks, where the OS counts them)."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                stat = os.lstat(os.path.join(root, name))
+            except OSError:  # removed meanwhile
+                continue
+            total += getattr(stat, "st_blocks", 0) * 512 or stat.st_size
+    return total
 
 
 def brief(error: BaseException, limit: int = 300) -> str:

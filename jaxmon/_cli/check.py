@@ -26,8 +26,10 @@ With --resume it proves instead that the config's run resumes as one run: it tra
 once its middle checkpoint is complete; and resumed from there (--processes N for
 both, --resume-processes M for the resume). It then compares the final state (bit for
 bit), every metrics.jsonl value (timings aside) and the checkpoints kept, printing one
-line per difference, or that there is none (exit 1 if any). The runs go into --workdir
-(default: a new temporary directory).
+line per difference, or that there is none (exit 1 if any); runs that differ before the
+cut end with a line saying the data or the init is not deterministic, and how to seed
+them. The runs go into --workdir (default: a new temporary directory, removed when the
+check ends, however it ends).
 
   jaxmon check --resume --config configs/default.py
   jaxmon check --resume --config configs/default.py --processes 2 --resume-processes 1
@@ -57,7 +59,7 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> int:
     from jaxmon._cli import signals as _cli_signals
     from jaxmon._experiment.config_file import ConfigError, load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
 
     if args.resume:
         from jaxmon._cli.resume_check import check_resume
@@ -73,7 +75,7 @@ def _check(args: argparse.Namespace) -> int:
 
     with _cli_signals.loading():
         config = load_config(args.config, args.overrides)
-        check_top_level(config)  # before JAX loads
+        check_keys(config)  # before JAX loads
         from jaxmon._experiment.preflight import check_experiment
         from jaxmon._processes.launch import connect
     connect()

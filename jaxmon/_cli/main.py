@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from jaxmon._base.paths import LinkedFileError, open_file
+from jaxmon._base.paths import LinkedFileError, free_bytes, is_full_disk, open_file, size_text
 from jaxmon._cli import signals as _cli_signals
 from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
     Line,
@@ -126,6 +126,8 @@ def _main(argv: list[str]) -> int:
         agree = sys.modules.get("jaxmon._processes.agree")  # not loaded (no JAX): no PeerError either
         if agree is not None and isinstance(error, agree.PeerError):  # another process died (75) or failed (1)
             return _fail(args, error.exit_code, _one_line(error), error)
+        if is_full_disk(error):
+            return _fail(args, 1, _full_disk_line(args, error), error)
         return _fail(args, 1, _one_line(error), error)
 
 
@@ -194,7 +196,7 @@ def _fail(args: argparse.Namespace, code: int, message: str, error: BaseExceptio
         try:
             with open_file(log, "a", encoding="utf-8") as file:  # a link there is refused, not written through
                 file.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} exit {code}\n{text}\n")
-            if not args.debug:
+            if not args.debug and not is_full_disk(error):  # a full disk's one line says it all
                 print(f"jaxmon {args.command}: the traceback is in {log} (--debug prints it here).", file=sys.stderr)
         except LinkedFileError as error:  # its target is left alone
             print(f"jaxmon {args.command}: the traceback is not kept: {error}", file=sys.stderr)
@@ -211,6 +213,22 @@ def _one_line(error: BaseException) -> str:
     """What failed, in one line: the error's type, message and notes (which hook, which step)."""
     parts = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())]
     return " ".join(" ".join(part.split()) for part in parts if part)
+
+
+def _full_disk_line(args: argparse.Namespace, error: BaseException) -> str:
+    """A full disk's one line: the error (the file it could not write and the fix, where it
+    says them) and what is free on the run directory's disk, unless a failed save said it."""
+    line = _one_line(error)
+    failures = sys.modules.get("jaxmon._checkpoints.orbax_failures")  # a SaveError says the room itself
+    workdir = getattr(args, "workdir", None)
+    if (failures is not None and isinstance(error, failures.SaveError)) or not isinstance(workdir, str):
+        return line
+    free = free_bytes(workdir)
+    room = "" if free is None else f"{size_text(free)} free "
+    if str(error) != f"[Errno {getattr(error, 'errno', None)}] {getattr(error, 'strerror', None)}":
+        return f"{line} ({room}on the disk of {workdir})"  # the error names its file and the fix
+    return (f"{line}, writing in {workdir} ({room}on its disk): free space there and run again to resume from the "
+            "newest checkpoint (or move the directory to a disk with room and resume there)")
 
 
 def run() -> None:
@@ -277,7 +295,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
     from jaxmon._processes.local import LEVEL_NAMES, processes_option, run_processes
 
     if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
@@ -285,7 +303,7 @@ def _train(args: argparse.Namespace) -> int:
     with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)
-        check_top_level(config)  # before JAX loads: a misspelled section is said at once
+        check_keys(config)  # before JAX loads: a misspelled section or a value of another type is said at once
         if args.debug_host_syncs:
             config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,19 +75,30 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
       ConfigError: the config, `steps` or the process counts are refused.
     """
     from jaxmon._experiment.config_file import ConfigError, load_config
-    from jaxmon._experiment.keys import check_top_level
+    from jaxmon._experiment.keys import check_keys
 
     if steps < 2:
         raise ConfigError(f"--steps {steps}: the check cuts the run at a checkpoint between its first and last "
                           "step; give 2 or more.")
     config = load_config(config_path, overrides)
-    check_top_level(config)
+    check_keys(config)
     cut_at = steps // 2
     config["steps"] = steps
     config["session"] = {**(config.get("session") or {}), "save_checkpoint_steps": cut_at,
                          "save_checkpoint_secs": None}
     config["hooks"] = [*(config.get("hooks") or []), {"name": f"{__name__}:HoldAfterCheckpoint"}]
     root = workdir or tempfile.mkdtemp(prefix="jaxmon-check-resume-")
+    try:  # a directory of its own is removed however the check ends (a failure, Ctrl-C)
+        return _check_in(root, config, config_path, steps=steps, cut_at=cut_at, processes=processes,
+                         resumed_on=resume_processes or processes, kept=workdir is not None)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_in(root: str, config: dict[str, Any], config_path: str, *, steps: int, cut_at: int, processes: int,
+              resumed_on: int, kept: bool) -> int:
+    """`check_resume` in the directory `root`: the user's (`kept`), or one removed after."""
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "config.py")
     with open(path, "w", encoding="utf-8") as file:
@@ -94,8 +106,8 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(config_path)),
                                                                      os.environ.get("PYTHONPATH")]))}
     whole, cut = os.path.join(root, "whole"), os.path.join(root, "cut")
-    resumed_on = resume_processes or processes
-    print(f"jaxmon check --resume: {steps} steps of {config_path} in {root}: whole, then cut by SIGKILL after "
+    where = root if kept else f"{root} (removed at the end; --workdir DIR keeps the runs)"
+    print(f"jaxmon check --resume: {steps} steps of {config_path} in {where}: whole, then cut by SIGKILL after "
           f"checkpoint {cut_at} and resumed" + (f" on {resumed_on} process{'es' if resumed_on > 1 else ''}"
                                                  if resumed_on != processes else ""),
           flush=True)
@@ -120,11 +132,19 @@ def _command(path: str, workdir: str, processes: int) -> list[str]:
 
 
 def _train(path: str, workdir: str, processes: int, env: Mapping[str, str], what: str) -> None:
+    """Trains in `workdir` to the end; every process of it is killed if the check stops first."""
     from jaxmon._experiment.config_file import ConfigError
 
-    result = subprocess.run(_command(path, workdir, processes), env=env, capture_output=True, text=True)
-    if result.returncode:
-        raise ConfigError(f"{what} failed with exit code {result.returncode} ({workdir}): {_last_line(result.stderr)}")
+    process = subprocess.Popen(_command(path, workdir, processes), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate()
+    finally:
+        if process.returncode is None:  # the check stopped (Ctrl-C): its runs stop too, before their directory goes
+            _kill_tree(process.pid)
+            process.wait()
+    if process.returncode:
+        raise ConfigError(f"{what} failed with exit code {process.returncode} ({workdir}): {_last_line(stderr)}")
 
 
 def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, str], cut_at: int) -> None:
@@ -177,10 +197,14 @@ def differences(whole: str, cut: str, steps: int, cut_at: int, exact: bool = Tru
     that has no position, that line and a count of what follows."""
     from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
 
-    found = _state_differences(whole, cut, steps, exact) + _record_differences(whole, cut)
+    records = _record_differences(whole, cut)
+    found = _state_differences(whole, cut, steps, exact) + [line for _, line in records]
     kept = (complete_steps(whole), complete_steps(cut))
     if kept[0] != kept[1]:
         found.append(f"checkpoints kept: steps {kept[1]}, where the whole run kept {kept[0]}")
+    first = min((step for step, _ in records if step is not None), default=None)
+    if first is not None and first <= cut_at:  # up to the cut, both runs were the same run: nothing was resumed yet
+        return [*found, _not_deterministic(first, cut_at, len(found))]
     meta = read_meta(os.path.join(cut, str(cut_at))) or {}
     if meta.get("data") is None and meta.get("data_by_process") is None:
         line = (f"data: the training data has no position (its iterator has no get_state()/set_state()), so the "
@@ -188,6 +212,16 @@ def differences(whole: str, cut: str, steps: int, cut_at: int, exact: bool = Tru
                 "(jm.ArrayDataSource, grain, or jm.ResumableIterator around your loader)")
         return [line + (f"; following from it, {len(found)} other values differ" if found else "")]
     return found
+
+
+def _not_deterministic(first: int, cut_at: int, count: int) -> str:
+    """The line that says why runs differ from `first`, a step before the cut at `cut_at`."""
+    return (f"not deterministic: the runs differ from step {first} on, before the cut at checkpoint {cut_at}, where "
+            "both ran alike: the data or the init draws random numbers without a seed. Seed them from the config: "
+            "`seed` seeds the init and the data's shuffle; a data.source of your own gets the data section's other "
+            "keys as arguments (give it a data.seed, as jaxmon.datasets.digits takes one), a task of your own has "
+            "context.seed; " + ("the difference above follows" if count == 1 else
+                                 f"the {count} differences above follow") + " from it")
 
 
 def _state_differences(whole: str, cut: str, steps: int, exact: bool) -> list[str]:
@@ -216,15 +250,19 @@ def _state_differences(whole: str, cut: str, steps: int, exact: bool) -> list[st
     return lines
 
 
-def _record_differences(whole: str, cut: str) -> list[str]:
+def _record_differences(whole: str, cut: str) -> list[tuple[int | None, str]]:
+    """A line for each metrics.jsonl value that differs between the two runs, with its step
+    where both runs wrote it (None where one of them did: a hook may write at a resume)."""
     a, b = _points(whole), _points(cut)
-    lines = []
+    lines: list[tuple[int | None, str]] = []
     for key in sorted(set(a) | set(b)):
         step, tag = key
         if key not in a or key not in b:
-            lines.append(f"metrics.jsonl {tag} at step {step}: only in the {'resumed' if key in b else 'whole'} run")
+            lines.append((None, f"metrics.jsonl {tag} at step {step}: only in the "
+                                f"{'resumed' if key in b else 'whole'} run"))
         elif not _same(a[key], b[key]):
-            lines.append(f"metrics.jsonl {tag} at step {step}: {_shown(b[key])} resumed, {_shown(a[key])} whole")
+            lines.append((step, f"metrics.jsonl {tag} at step {step}: {_shown(b[key])} resumed, {_shown(a[key])} "
+                                "whole"))
     return lines
 
 

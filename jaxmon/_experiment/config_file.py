@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "apply_overrides", "load_config"]
+__all__ = ["ConfigError", "apply_overrides", "load_config", "with_article"]
 
 
 class ConfigError(ValueError):
@@ -42,6 +42,8 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
       {'optimizer': {'learning_rate': 0.0003}}
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(_directory_given(path))
     if not os.path.isfile(path):
         raise ConfigError(f"No config file at {path!r}. Pass --config with the path of a Python file "
                           "defining get_config() (e.g. configs/default.py) or a YAML file.")
@@ -62,6 +64,21 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[
             raise ConfigError(f"Config key {key!r} is {value!r}: a run needs a finite number there. Give a finite "
                               "float, or None to turn the setting off.")
     return config
+
+
+def _directory_given(path: str) -> str:
+    """What to say when the config's `path` is a directory: a run's, or one of config files."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        names = []
+    if "metrics.jsonl" in names or "hparams.json" in names or any(name.isdigit() for name in names):
+        return (f"--config {path!r} is a run directory, not a config file: give --config the config file the run was "
+                f"trained from, and the run's directory as --workdir (`jaxmon inspect {path}` prints its config).")
+    configs = [name for name in names if name.endswith((".py", ".yaml", ".yml")) and not name.startswith("_")]
+    inside = f"; in it: {', '.join(configs[:8])}{', ...' if len(configs) > 8 else ''}" if configs else ""
+    return (f"--config {path!r} is a directory, not a config file: give the path of a Python file defining "
+            f"get_config() or of a YAML file{inside}.")
 
 
 #: A config's bounds: its file's size (read whole before it is parsed), how deep it nests
@@ -258,8 +275,8 @@ def _locate(config: dict, parts: list[str]) -> tuple[Any, Any]:
                                   f"{len(node)} items; address one by its index 0..{len(node) - 1}.")
             key = int(part)
         else:
-            raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here!r} is a {type(node).__name__} "
-                              f"({node!r}), which has no keys.")
+            raise ConfigError(f"Unknown config key {'.'.join(parts)!r}: {here!r} is {_kind(node)} ({node!r}), "
+                              "which has no keys.")
         if depth == len(parts) - 1:
             return node, key
         node = node[key]
@@ -365,10 +382,26 @@ def _leaves(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
 
 
 def _kind(value: Any) -> str:
+    """What `value` is, in words: "text", "None", or its type's name with its article."""
     if isinstance(value, str):
         return "text"
-    name = type(value).__name__
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+    return "None" if value is None else with_article(type(value).__name__)
+
+
+#: Type names spoken from a consonant though written from a vowel ("a uint8", "a unicode").
+_SPOKEN_YOU = ("uint", "uni", "us", "uu")
+
+
+def with_article(name: str) -> str:
+    """A type's `name` with its indefinite article, as it is spoken.
+
+    Example:
+      >>> [with_article(name) for name in ("int", "list", "OrderedDict", "uint8", "str")]
+      ['an int', 'a list', 'an OrderedDict', 'a uint8', 'a str']
+    """
+    lower = name.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o") or (lower[:1] == "u" and not lower.startswith(_SPOKEN_YOU))
+    return f"{'an' if vowel else 'a'} {name}"
 
 
 def _plain(config: Any, path: str) -> Any:

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmon._experiment.keys import check_top_level
+from jaxmon._experiment.keys import check_keys
 from jaxmon._experiment.parts import Parts, parts_of
 from jaxmon._experiment.sections import session_args_of
 
@@ -31,7 +31,7 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
         names the parameter, its shape and the mesh axis that does not divide it).
     """
     config = dict(config)
-    check_top_level(config)
+    check_keys(config)
     parts = parts_of(config)
     abstract = jax.eval_shape(parts.init_fn)
     rows = _rows(parts, abstract)

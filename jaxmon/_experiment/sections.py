@@ -14,7 +14,7 @@ import optax
 
 import jaxmon
 from jaxmon._experiment.config_file import ConfigError
-from jaxmon._experiment.keys import get_key, pop_key, resolve
+from jaxmon._experiment.keys import FLAG, INT, NUMBER, TEXT, Kind, check_kind, get_key, pop_key, resolve
 from jaxmon._ops.throughput import FIGURES, Throughput, check_figures
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.models import Transformer, transformer_flops_per_token
@@ -194,8 +194,10 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
       ConfigError: a key is one the experiment sets itself, or no argument of the session.
     """
     args = dict(get_key(config, "session", dict, {}))
-    known = {name for cls in (MonitoredTrainingSession, jaxmon.MonitoredSession)
-             for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")}
+    parameters = {name: parameter for cls in (jaxmon.MonitoredSession, MonitoredTrainingSession)
+                  for name, parameter in inspect.signature(cls.__init__).parameters.items()
+                  if name not in ("self", "kwargs")}
+    known = set(parameters)
     for name in args:
         if name in PERF_FIGURES:
             raise ConfigError(f"session.{name} goes in the perf section: give perf.{name} instead.")
@@ -206,9 +208,29 @@ def session_args_of(config: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"session.{name} is not an argument of MonitoredTrainingSession."
                               + (f" Did you mean session.{near[0]}?" if near else "")
                               + f" It takes: {', '.join(sorted(known - _RESERVED))}.")
+        kind = _kind_of(parameters[name].annotation)
+        if kind is not None:
+            check_kind(f"session.{name}", args[name], kind)
     if config.get("warm_start") is not None:
         args["warm_start"] = config["warm_start"]
     return args
+
+
+#: The kinds of a session argument's annotation, by the names its union is written with.
+_KINDS = {"int": INT, "float": NUMBER, "str": TEXT, "bool": FLAG}
+
+
+def _kind_of(annotation: Any) -> Kind | None:
+    """The kind a session argument annotated `annotation` takes ("int | None": an int or
+    None); None where the annotation names any other type (a path, a callable, a mesh):
+    the session checks those itself."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    names = [name.strip() for name in text.split("|")]
+    kinds = [_KINDS.get(name) for name in names if name != "None"]
+    if not kinds or None in kinds:
+        return None
+    union = Kind(lambda value: any(each.accepts(value) for each in kinds), " or ".join(each.words for each in kinds))
+    return union.or_none() if "None" in names else union
 
 
 def throughput_of(config: Mapping[str, Any], step_fn: Callable[..., Any], *, batch_size: int, row: Any,

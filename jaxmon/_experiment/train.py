@@ -15,10 +15,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmon._base.paths import LinkedFileError, open_fd, open_file
+from jaxmon._base.paths import LinkedFileError, is_full_disk, open_fd, open_file
 from jaxmon._checkpoints.manager import _LOCK_NAME, DirectoryInUseError
 from jaxmon._experiment.config_file import ConfigError
-from jaxmon._experiment.keys import TOP_LEVEL, check_top_level
+from jaxmon._experiment.keys import TOP_LEVEL, check_keys
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
@@ -133,8 +133,9 @@ def _check_workdir(workdir: str | os.PathLike) -> list[str]:
         os.remove(probe)
     except OSError as error:
         _remove_created(workdir, created)
-        raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; give --workdir "
-                          "a directory this user can write.") from error
+        fix = ("free space there, or give --workdir a directory on a disk with room" if is_full_disk(error) else
+               "give --workdir a directory this user can write")
+        raise ConfigError(f"Cannot write the run directory {workdir!r}: {error.strerror or error}; {fix}.") from error
     return created
 
 
@@ -222,7 +223,8 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
         checkpoints in `workdir` depend on.
     """
     config = dict(config)
-    check_top_level(config)
+    check_keys(config)
+    session_args = session_args_of(config)  # before the data loads: a session key's error is said at once
     workdir = os.fspath(workdir)
     parts = parts_of(config)
     task = parts.task
@@ -231,7 +233,6 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
                                                eval_metrics=task.eval_metrics)
     chief_only_hooks.append(throughput_of(config, task.step_fn, batch_size=parts.data.batch_size,
                                           row=parts.data.example["x"][0], workdir=workdir, model=parts.context.model))
-    session_args = session_args_of(config)
     report_changes(config, workdir, report)
     return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,
                        train_data(parts.data, parts.seed), parts.data.eval_split, parts.eval_batches, hooks,

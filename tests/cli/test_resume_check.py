@@ -1,11 +1,14 @@
 """`jaxmon check --resume` on real runs: the default config resumes as one run (on the same
-and on another number of processes); data without a position is said in one line."""
+and on another number of processes); data without a position, or drawn at random without a
+seed, is said in one line; a directory of its own is removed however the check ends."""
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from helpers import DEFAULT, ROOT, cpu_env
+from helpers import DEFAULT, ROOT, cpu_env, tiny_config
 
 from jaxmon._cli.resume_check import HELD
 
@@ -37,9 +40,30 @@ def get_config():
 '''
 
 
-def check_resume(*args):
+UNSEEDED_DATA = '''
+import numpy as np
+
+import jaxmon as jm
+
+
+def load(split, **kwargs):
+    arrays = jm.datasets.digits(split)
+    if split == "train":  # noise drawn without a seed: other values in every process
+        arrays["x"] = arrays["x"] + np.random.default_rng().normal(size=arrays["x"].shape).astype(np.float32)
+    return arrays
+'''
+
+
+def check_resume(*args, env=None):
     return subprocess.run([sys.executable, "-m", "jaxmon", "check", "--resume", *map(str, args)], cwd=ROOT,
-                          env=cpu_env(), capture_output=True, text=True, timeout=600)
+                          env=env or cpu_env(), capture_output=True, text=True, timeout=600)
+
+
+def scratch(tmp_path):
+    """An empty temporary directory for the check's own (TMPDIR), and its environment."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    return temporary, {**cpu_env(), "TMPDIR": str(temporary)}
 
 
 def test_the_default_config_cut_by_sigkill_and_resumed_is_the_whole_run(tmp_path):
@@ -62,6 +86,49 @@ def test_data_without_a_position_is_the_one_line_it_reports(tmp_path):
     assert line.startswith("data: the training data has no position (its iterator has no get_state()/set_state()), "
                            "so the resumed run read other batches from step 11 on than the whole run; give it one")
     assert line.endswith("other values differ")
+
+
+def test_data_drawn_without_a_seed_is_said_in_one_line_and_the_check_s_own_directory_is_removed(tmp_path):
+    (tmp_path / "unseeded_data.py").write_text(UNSEEDED_DATA)
+    config = tmp_path / "unseeded.py"
+    tiny = tiny_config(tmp_path, steps=4).read_text()
+    config.write_text(tiny.replace("jaxmon.datasets:digits", "unseeded_data:load"))
+    temporary, env = scratch(tmp_path)
+    result = check_resume("--config", config, "--steps", 4, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    header, *found, last = result.stdout.strip().splitlines()
+    assert header.startswith(f"{HEADER.replace('20', '4')}{config} in {temporary}/jaxmon-check-resume-")
+    assert "(removed at the end; --workdir DIR keeps the runs)" in header
+    assert any(line.startswith("metrics.jsonl loss at step 1:") for line in found), found
+    assert last.startswith("not deterministic: the runs differ from step 1 on, before the cut at checkpoint 2, where "
+                           "both ran alike: the data or the init draws random numbers without a seed"), last
+    assert "`seed` seeds the init and the data's shuffle" in last and "data.seed" in last, last
+    assert last.endswith(f"the {len(found)} differences above follow from it"), last
+    assert not result.stderr.strip(), result.stderr
+    assert list(temporary.iterdir()) == []  # the runs went with the check
+
+
+def test_the_check_s_own_directory_is_removed_after_a_check_that_passes_and_after_ctrl_c(tmp_path):
+    config = tiny_config(tmp_path, steps=4)
+    temporary, env = scratch(tmp_path)
+    result = check_resume("--config", config, "--steps", 4, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("No difference:")
+    assert list(temporary.iterdir()) == []
+    check = subprocess.Popen([sys.executable, "-m", "jaxmon", "check", "--resume", "--config", str(config), "--steps",
+                              "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any((run / "whole").exists() for run in temporary.iterdir()):  # the first run has begun
+            assert check.poll() is None and time.monotonic() < deadline, check.communicate()
+            time.sleep(0.05)
+        check.send_signal(signal.SIGINT)
+        out, err = check.communicate(timeout=60)
+    finally:
+        check.kill()
+    assert check.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("jaxmon check: Stopped by Ctrl-C"), err
+    assert list(temporary.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -119,6 +119,22 @@ def test_a_binary_config_exits_2_naming_the_file(tmp_path, name, data, words):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("run", [False, True], ids=["configs", "a-run"])
+def test_a_directory_given_as_config_exits_2_saying_it_is_one_and_what_is_wanted(tmp_path, run):
+    directory = tmp_path / "runs" if run else ROOT / "configs"
+    if run:  # what a run leaves: its checkpoints and metrics.jsonl
+        (directory / "10").mkdir(parents=True)
+        (directory / "metrics.jsonl").write_text("")
+    result = train(tmp_path / "run", config=directory)
+    words = ([f"'{directory}' is a run directory, not a config file", "the config file the run was trained from",
+              f"jaxmon inspect {directory}"] if run else
+             [f"'{directory}' is a directory, not a config file", "a Python file defining get_config() or of a YAML "
+              "file", "in it: default.py, gpt2_small.py"])
+    assert_fails(result, 2, *words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, words", [
     ("import os\n\ndef helper():\n    return {}['learning_rate']\n\ndef get_config():\n    return helper()\n",
      ["line 4: KeyError: 'learning_rate'", "raised in its get_config()"]),
@@ -142,6 +158,25 @@ def test_a_python_config_that_fails_exits_2_naming_the_file_and_line(tmp_path, t
 def test_a_value_that_fails_deep_down_exits_2_naming_its_key_and_value(tmp_path, override, words):
     assert_fails(train(tmp_path / "run", override, "--config.steps=2", "--no_compilation_cache"), 2, *words)
     assert not (tmp_path / "run").exists()  # the session had begun writing there: all of it removed
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("data", "batch_size", [64], "'data.batch_size' must be an int, got a list ([64])"),
+    (None, "steps", "100", "'steps' must be an int, got a string ('100')"),
+    ("optimizer", "learning_rate", [2e-3], "'optimizer.learning_rate' must be a number or a schedule"),
+    ("session", "save_checkpoint_steps", [500], "'session.save_checkpoint_steps' must be an int or None, got a list"),
+    ("session", "debug_host_syncs", "yes", "'session.debug_host_syncs' must be True or False, got a string ('yes')"),
+], ids=["batch_size", "steps", "learning_rate", "session-int", "session-bool"])
+def test_a_config_value_of_another_type_exits_2_in_one_line_naming_the_key_and_the_type(tmp_path, section, key, value,
+                                                                                        words):
+    config = tmp_path / "typed.py"
+    where = f"config[{section!r}]" if section else "config"
+    config.write_text(f"import runpy\n\n\ndef get_config():\n    config = runpy.run_path({DEFAULT!r})['get_config']()\n"
+                      f"    {where}[{key!r}] = {value!r}\n    return config\n")
+    result = train(tmp_path / "run", config=config)
+    assert_fails(result, 2, words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_refused_run_removes_the_directories_it_created_and_nothing_else(tmp_path):

@@ -14,7 +14,7 @@ import textwrap
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, SAVES_ONLY, assert_fails, assert_same_checkpoint, tmpfs, train
+from helpers import ROOT, SAVES_ONLY, assert_fails, assert_same_checkpoint, tiny_config, tmpfs, train
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import Checkpoints, SaveError, complete_steps
@@ -48,7 +48,7 @@ def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps
         result = train(workdir, "--config.steps=5000", *SAVES_ONLY, "--config.session.save_checkpoint_steps=500")
         last = assert_fails(result, 1, "No space left on device")
         failed, file = re.search(rf"Saving checkpoint (\d+) to {workdir} failed: \[Errno 28\] No space left on "
-                                 r"device, writing (\S+)\. ", last).groups()
+                                 r"device, writing (\S+) \(checkpoint 0 takes (\d+\.\d) KB; ", last).groups()[:2]
         stopped = int(re.search(r"\(found after step (\d+): training stopped there\)", last)[1])
         assert int(failed) == 500 and file.startswith("500.orbax-checkpoint-tmp/"), last
         # Before, the failure surfaced at the next save, step 1000: now a few runs after the write failed.
@@ -85,6 +85,68 @@ def test_a_full_disk_at_start_names_the_file_it_could_not_write(tmp_path):
         last = assert_fails(train(workdir, "--config.steps=10"), 1, "No space left on device",
                             "free space there")
         assert re.search(rf"\[Errno 28\] No space left on device, writing {workdir}/[\w.-]+: ", last), last
+
+
+def disk_lines(result):
+    """The lines of stderr about the full disk: the command's own, and any other naming it."""
+    return [line for line in result.stderr.splitlines()
+            if line.startswith("jaxmon train:") or "No space left" in line or "Errno 28" in line]
+
+
+def test_a_full_disk_during_a_save_ends_in_one_line_with_the_room_it_needs_and_the_fix(tmp_path):
+    with tmpfs(tmp_path / "disk", "960k") as disk:  # room for one checkpoint of the CNN, not two: a little is left
+        workdir = disk / "run"
+        result = train(workdir, "--config.steps=20", *SAVES_ONLY)
+        last = assert_fails(result, 1, "No space left on device", "free space there and run again to resume from "
+                            "the newest (or move the directory to a disk with room and resume there)")
+        newest, taken = re.search(r"\(checkpoint (\d+) takes (\d+\.\d) KB; \d+(\.\d)? [KM]?B free there\)",
+                                  last).groups()[:2]
+        assert 300 < float(taken) < 1100 and f"the newest: {newest}" in last, last
+        assert disk_lines(result) == [last], result.stderr  # before: "the traceback is in ..." too
+        assert "Traceback" in (workdir / "jaxmon-error.log").read_text()  # it fitted: kept, not pointed at
+
+
+FILL_DISK = """
+import os
+
+import jaxmon as jm
+
+
+class FillDisk(jm.Hook):
+    \"\"\"Fills the disk of `output_dir` after step `at`: every write after it fails.\"\"\"
+
+    def __init__(self, at, output_dir=None):
+        self.at, self.output_dir = at, output_dir
+
+    def after_run(self, ctx, values):
+        if values.step == self.at:
+            fd = os.open(os.path.join(self.output_dir, "filler"), os.O_WRONLY | os.O_CREAT)
+            try:
+                while os.write(fd, bytes(65536)):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+"""
+
+
+def test_a_disk_that_fills_under_a_writer_ends_in_one_line_naming_the_run_what_is_free_and_the_fix(tmp_path):
+    (tmp_path / "fill_disk.py").write_text(FILL_DISK)
+    config = tmp_path / "filling.py"
+    config.write_text(tiny_config(tmp_path, steps=30).read_text().replace(
+        '{"name": "NanHook"}', '{"name": "NanHook"}, {"name": "fill_disk:FillDisk", "at": 5}'))
+    with tmpfs(tmp_path / "disk", "8m") as disk:
+        workdir = disk / "run"
+        result = train(workdir, "--config.session.save_summaries_steps=1", config=config)
+    # Each hook's close meets the full disk again and logs it (a dozen lines, fewer or more by timing): the
+    # command's own lines are one.
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("jaxmon train:")]
+    assert line.startswith("jaxmon train: OSError: [Errno 28] No space left on device"), line
+    assert line.endswith(f", writing in {workdir} (0 B free on its disk): free space there and run again to "
+                         "resume from the newest checkpoint (or move the directory to a disk with room and resume "
+                         "there)"), line
 
 
 def test_a_resume_on_a_full_disk_keeps_metrics_jsonl_and_leaves_no_copy(tmp_path):
