@@ -13,11 +13,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # First, before JAX loads: in the `jaxmon` command, Ctrl-C and SIGTERM are handled from here on.
-from jaxmon._cli import signals as _cli_signals  # noqa: F401  isort: skip
+from jaxmon._base import signals as _signals  # noqa: F401  isort: skip
 
 if TYPE_CHECKING:
     from jaxmon import datasets, distributed, hooks, models
-    from jaxmon._base.errors import AbortedError, NanLossDuringTrainingError, UnavailableError
+    from jaxmon._base.errors import AbortedError, ConfigError, NanLossDuringTrainingError, UnavailableError
     from jaxmon._base.hook import (
         Hook,
         RunArgs,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from jaxmon._checkpoints.warm_start import WarmStartReport
     from jaxmon._data.arrays import ArrayDataSource
     from jaxmon._data.loaders import ResumableIterator
-    from jaxmon._experiment.config_file import ConfigError, apply_overrides, load_config
+    from jaxmon._experiment.config_file import apply_overrides, load_config
     from jaxmon._experiment.tasks import Task, TaskContext
     from jaxmon._experiment.train import train_experiment
     from jaxmon._metrics.reductions import FirstNonFinite, Last, Mean, Ratio, Reduction, Sum
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 _SUBMODULES = ("datasets", "distributed", "hooks", "models")
 #: Each module that defines public names, and those names.
 _PUBLIC = {
-    "jaxmon._base.errors": ("AbortedError", "NanLossDuringTrainingError", "UnavailableError"),
+    "jaxmon._base.errors": ("AbortedError", "ConfigError", "NanLossDuringTrainingError", "UnavailableError"),
     "jaxmon._base.hook": (
         "Hook", "RunArgs", "RunContext", "RunValues", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
         "SessionRunValues",
@@ -91,7 +91,7 @@ _PUBLIC = {
     "jaxmon._checkpoints.warm_start": ("WarmStartReport",),
     "jaxmon._data.arrays": ("ArrayDataSource",),
     "jaxmon._data.loaders": ("ResumableIterator",),
-    "jaxmon._experiment.config_file": ("ConfigError", "apply_overrides", "load_config"),
+    "jaxmon._experiment.config_file": ("apply_overrides", "load_config"),
     "jaxmon._experiment.tasks": ("Task", "TaskContext"),
     "jaxmon._experiment.train": ("train_experiment",),
     "jaxmon._metrics.reductions": ("FirstNonFinite", "Last", "Mean", "Ratio", "Reduction", "Sum"),

@@ -44,7 +44,7 @@ from typing import Any
 
 import jax
 
-from jaxmon._cli import signals as _cli_signals
+from jaxmon._base import signals as _signals
 from jaxmon._processes import agree as _agree
 
 __all__ = ["PEER_LOST_EXIT_CODE", "initialize", "is_chief", "shutdown"]
@@ -250,7 +250,7 @@ def _coordination_failed(*status: Any) -> None:
         time.sleep(GRACE_SECS)
     detail = f" ({' '.join(str(status[0]).split())[:300]})" if status else ""
     line = _agree.failure_line
-    _cli_signals.write_last_line(
+    _signals.write_last_line(
         f"{line['prefix']}PeerError: JAX's coordination service reports a failure: another process of this run "
         f"died or stopped answering, or the coordinator (process 0) did{detail}. This process "
         f"({line['where'] or 'one of several'}) stops too, with exit code {_agree.PEER_LOST_EXIT_CODE}; "

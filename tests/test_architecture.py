@@ -48,7 +48,7 @@ def test_the_run_path_keys_nothing_by_identity_but_a_hook():
                 if argument not in ("hook", "slot.hook", "spec"):  # spec: only a sort's tie-breaker (FetchPlan.key)
                     found.append(f"{name}:{node.lineno}: id({argument})")
     assert not found, found
-    fetches = ast.unparse(_sources("_run")["_run/fetches.py"])
+    fetches = ast.unparse(_sources("_base")["_base/fetches.py"])
     assert "key=lambda spec: (hash(spec), id(spec))" in fetches
 
 
@@ -80,3 +80,62 @@ def test_the_public_names_for_type_checkers_are_the_ones_loaded():
     imported = {alias.name: f"jaxmon.{alias.name}" if node.module == "jaxmon" else node.module
                 for node in block.body for alias in node.names}
     assert imported == jaxmon._MODULE_OF
+
+
+#: The floors, lowest first (docs/architecture.md, "Floors"): a module imports from its own
+#: floor or a lower one. The top-level public modules are floors of their own.
+FLOORS = ("_base", "models", "datasets", "_data", "_ops", "_writers", "_checkpoints", "_metrics", "_processes", "_run",
+          "hooks", "_experiment", "_cli", "distributed", "__init__", "__main__")
+#: The imports that point up, each with its reason in docs/architecture.md.
+UPWARD = {
+    ("jaxmon._run.training", "jaxmon.hooks"),
+    ("jaxmon._run.training", "jaxmon.hooks._throughput"),
+    ("jaxmon._experiment.sections", "jaxmon"),
+    ("jaxmon._processes.launch", "jaxmon.distributed"),
+}
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS.index(parts[1] if len(parts) > 1 else "__init__")
+
+
+def _imports() -> list[tuple[str, str, int]]:
+    """(module, the jaxmon module it imports, line) for every import in the package, those
+    inside functions too; `from jaxmon import x` imports `jaxmon.x`."""
+    found = []
+    for name, tree in _sources().items():
+        parts = pathlib.PurePath(name).with_suffix("").parts
+        module = ".".join(("jaxmon", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("jaxmon"):
+                is_package = node.module == "jaxmon"
+                targets = [f"jaxmon.{alias.name}" for alias in node.names] if is_package else [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names if alias.name.startswith("jaxmon")]
+            found += [(module, target, node.lineno) for target in targets]
+    return found
+
+
+def _unnamed_upward(imports: list[tuple[str, str, int]]) -> list[str]:
+    """What the floor test names: each import that points up and is not in `UPWARD`."""
+    return sorted(f"{module}:{line} imports {target}, a higher floor" for module, target, line in imports
+                  if _floor(target) > _floor(module) and (module, target) not in UPWARD)
+
+
+def test_every_import_points_down_the_floors_but_the_named_few():
+    imports = _imports()
+    assert len(imports) > 300 and not _unnamed_upward(imports), _unnamed_upward(imports)
+    upward = {(module, target) for module, target, _ in imports if _floor(target) > _floor(module)}
+    assert upward == UPWARD, sorted(UPWARD - upward)  # one no longer there: take it off the list
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for module, target in UPWARD:
+        shown = [f"`{name.removeprefix('jaxmon.').replace('.', '/')}" for name in (module, target)]
+        assert all(words in page for words in shown), (module, target)
+
+
+def test_the_floor_test_names_a_new_import_that_points_up():
+    found = _unnamed_upward([("jaxmon._ops.report_thread", "jaxmon._run.session", 7),
+                             ("jaxmon._run.session", "jaxmon._ops.report_thread", 9)])
+    assert found == ["jaxmon._ops.report_thread:7 imports jaxmon._run.session, a higher floor"]

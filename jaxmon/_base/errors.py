@@ -1,8 +1,12 @@
-"""Errors jaxmon raises, the test for errors a session recovers from, and argument checks."""
+"""Errors jaxmon raises, the test for errors a session recovers from, argument checks,
+and the words they are said in. Loads no JAX: the command says a config's error before
+JAX loads."""
 
 from __future__ import annotations
 
-import jax
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded, or an override that does not fit it."""
 
 
 class AbortedError(RuntimeError):
@@ -36,6 +40,8 @@ def is_recoverable(error: BaseException) -> bool:
     """
     if isinstance(error, (AbortedError, UnavailableError)):
         return True
+    import jax  # loaded by then: the error came from a run
+
     if isinstance(error, jax.errors.JaxRuntimeError):
         return str(error).lstrip().startswith(_RECOVERABLE_CODES)
     return False
@@ -61,3 +67,19 @@ def check_on_error(owner: object, on_error: object) -> str:
     if on_error not in ("raise", "warn"):
         raise ValueError(f"{owner} on_error must be 'raise' (the default) or 'warn'; got {on_error!r}.")
     return on_error
+
+
+#: Type names spoken from a consonant though written from a vowel ("a uint8", "a unicode").
+_SPOKEN_YOU = ("uint", "uni", "us", "uu")
+
+
+def with_article(name: str) -> str:
+    """A type's `name` with its indefinite article, as it is spoken.
+
+    Example:
+      >>> [with_article(name) for name in ("int", "list", "OrderedDict", "uint8", "str")]
+      ['an int', 'a list', 'an OrderedDict', 'a uint8', 'a str']
+    """
+    lower = name.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o") or (lower[:1] == "u" and not lower.startswith(_SPOKEN_YOU))
+    return f"{'an' if vowel else 'a'} {name}"

@@ -57,8 +57,9 @@ def add_check(commands: Any) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from jaxmon._cli import signals as _cli_signals
-    from jaxmon._experiment.config_file import ConfigError, load_config
+    from jaxmon._base import signals as _signals
+    from jaxmon._base.errors import ConfigError
+    from jaxmon._experiment.config_file import load_config
     from jaxmon._experiment.keys import check_keys
 
     if args.resume:
@@ -73,7 +74,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.steps != 20 or args.processes != 1 or args.resume_processes is not None or args.workdir is not None:
         raise ConfigError("--steps, --processes, --resume-processes and --workdir are options of --resume: add it.")
 
-    with _cli_signals.loading():
+    with _signals.loading():
         config = load_config(args.config, args.overrides)
         check_keys(config)  # before JAX loads
         from jaxmon._experiment.preflight import check_experiment

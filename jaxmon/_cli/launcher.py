@@ -40,7 +40,7 @@ def add_launch(commands: Any) -> argparse.ArgumentParser:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from jaxmon._experiment.config_file import ConfigError
+    from jaxmon._base.errors import ConfigError
     from jaxmon._processes.local import launch, processes_option
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program

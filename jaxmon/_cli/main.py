@@ -13,8 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from jaxmon._base import signals as _signals
 from jaxmon._base.paths import LinkedFileError, free_bytes, is_full_disk, open_file, size_text
-from jaxmon._cli import signals as _cli_signals
 from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
     Line,
     Panel,
@@ -96,26 +96,26 @@ saying what failed; its traceback is in DIR/jaxmon-error.log (--debug prints it)
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `jaxmon` command; returns its exit code. Ctrl-C, SIGTERM and SIGHUP stop it
     from here on with exit 130 / 143 / 129 and one line, never a traceback (see `signals`)."""
-    with _cli_signals.handling():
+    with _signals.handling():
         return _main(list(sys.argv[1:] if argv is None else argv))
 
 
 def _main(argv: list[str]) -> int:
     args = None
     try:
-        with _cli_signals.loading():  # nothing done yet: a signal ends the command at once
-            from jaxmon._experiment.config_file import ConfigError
+        with _signals.loading():  # nothing done yet: a signal ends the command at once
+            from jaxmon._base.errors import ConfigError
 
             args = _parse(argv)
         code = args.handler(args)
-        _cli_signals.check()  # a signal that a library caught on the way stops the command all the same
+        _signals.check()  # a signal that a library caught on the way stops the command all the same
         return code
     except BaseException as error:
         if args is None:  # the usage's error or --help (SystemExit)
             raise
-        signum = _cli_signals.stopped(error)  # first: whatever a signal became on its way up
+        signum = _signals.stopped(error)  # first: whatever a signal became on its way up
         if signum is not None:
-            return _fail(args, _cli_signals.EXIT_CODES[signum], _cli_signals.stop_line(args, error, signum), error)
+            return _fail(args, _signals.EXIT_CODES[signum], _stop_line(args, error, signum), error)
         if isinstance(error, ConfigError):
             return _fail(args, 2, str(error), error)
         if isinstance(error, BrokenPipeError):  # `jaxmon inspect DIR | head`
@@ -129,6 +129,33 @@ def _main(argv: list[str]) -> int:
         if is_full_disk(error):
             return _fail(args, 1, _full_disk_line(args, error), error)
         return _fail(args, 1, _one_line(error), error)
+
+
+def _stop_line(args: Any, error: BaseException, signum: int) -> str:
+    """The last line of a command stopped by `signum` (`error` reached `main`): the step
+    a session stopped and saved at (its message), else whether training had started
+    and which checkpoint stands."""
+    from jaxmon._checkpoints.step_dirs import complete_steps  # loads no JAX: the signal may have cut JAX's import short
+
+    stopping = sys.modules.get("jaxmon._run.stopping")  # not loaded: no session was entered
+    session_entered = getattr(stopping, "session_entered", lambda: False)
+    name = _signals.NAMES[signum]
+    if getattr(args, "command", None) != "train":
+        return f"Stopped by {name}."
+    workdir = getattr(args, "workdir", None)
+    steps = complete_steps(workdir) if isinstance(workdir, str) and os.path.isdir(workdir) else []
+    said = str(error.args[0]) if isinstance(error, KeyboardInterrupt | _signals.Terminated) and error.args else ""
+    if said.startswith(f"Stopped by {name} at step "):  # the session stopped, saved and closed
+        step = said.rpartition(" ")[2]
+        saved = (f"checkpoint {step} is saved" if steps and str(steps[-1]) == step
+                 else f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved")
+        return f"{said}; {saved}: run the same command to resume."
+    if not session_entered():
+        then = f"checkpoint {steps[-1]} stands: run the same command to resume" if steps else \
+            "run the same command to train"
+        return f"Stopped by {name} before training started: nothing to save; {then}."
+    stands = f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved"
+    return f"Stopped by {name}: the save in progress, if any, was abandoned; {stands}."
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -203,7 +230,7 @@ def _fail(args: argparse.Namespace, code: int, message: str, error: BaseExceptio
         except OSError:  # a full disk, say: the line below still says what failed
             pass
     if _ends_process[0]:  # the process ends after this line: nothing another thread writes comes after it
-        _cli_signals.write_last_line(f"jaxmon {args.command}: {message}\n")
+        _signals.write_last_line(f"jaxmon {args.command}: {message}\n")
     else:
         print(f"jaxmon {args.command}: {message}", file=sys.stderr, flush=True)
     return code
@@ -241,7 +268,7 @@ def run() -> None:
     _ends_process[0] = True
     code = main()
     if code:
-        _cli_signals.flush_std_streams()
+        _signals.flush_std_streams()
         os._exit(code)
     join_threads, exit_functions = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
     if join_threads is None or exit_functions is None:  # another Python: its own exit, teardown and all
@@ -300,7 +327,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read once, when JAX loads
-    with _cli_signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
+    with _signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)
         check_keys(config)  # before JAX loads: a misspelled section or a value of another type is said at once
@@ -308,7 +335,7 @@ def _train(args: argparse.Namespace) -> int:
             config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
-    with _cli_signals.loading():
+    with _signals.loading():
         import jax
 
         from jaxmon._experiment.train import train_experiment
@@ -335,7 +362,7 @@ def _train(args: argparse.Namespace) -> int:
                               compilation_cache=cache)
     if result.get("stopped") in ("SIGTERM", "SIGHUP"):  # saved and stopped: the same last line as Ctrl-C's
         signum = signal.Signals[result["stopped"]]
-        raise _cli_signals.Terminated(f"Stopped by {signum.name} at step {result['step']}", signum=signum)
+        raise _signals.Terminated(f"Stopped by {signum.name} at step {result['step']}", signum=signum)
     return result.get("exit_code", 0)
 
 

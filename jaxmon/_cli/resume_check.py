@@ -74,7 +74,8 @@ def check_resume(config_path: str, overrides: Sequence[str], *, steps: int, proc
     Raises:
       ConfigError: the config, `steps` or the process counts are refused.
     """
-    from jaxmon._experiment.config_file import ConfigError, load_config
+    from jaxmon._base.errors import ConfigError
+    from jaxmon._experiment.config_file import load_config
     from jaxmon._experiment.keys import check_keys
 
     if steps < 2:
@@ -133,7 +134,7 @@ def _command(path: str, workdir: str, processes: int) -> list[str]:
 
 def _train(path: str, workdir: str, processes: int, env: Mapping[str, str], what: str) -> None:
     """Trains in `workdir` to the end; every process of it is killed if the check stops first."""
-    from jaxmon._experiment.config_file import ConfigError
+    from jaxmon._base.errors import ConfigError
 
     process = subprocess.Popen(_command(path, workdir, processes), env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -149,7 +150,7 @@ def _train(path: str, workdir: str, processes: int, env: Mapping[str, str], what
 
 def _train_and_kill(path: str, workdir: str, processes: int, env: Mapping[str, str], cut_at: int) -> None:
     """Trains in `workdir` until the run holds after checkpoint `cut_at`, then SIGKILLs every process of it."""
-    from jaxmon._experiment.config_file import ConfigError
+    from jaxmon._base.errors import ConfigError
 
     process = subprocess.Popen(_command(path, workdir, processes), env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -439,7 +439,7 @@ def check_run(workdir: str) -> None:
 
 def _given_wrong(message: str) -> Exception:
     """A ConfigError: the command exits 2 with `message`."""
-    from jaxmon._experiment.config_file import ConfigError
+    from jaxmon._base.errors import ConfigError
 
     return ConfigError(message)
 

@@ -192,9 +192,10 @@ def point_name(point: dict[str, str]) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from jaxmon._base.errors import ConfigError
     from jaxmon._checkpoints.step_dirs import complete_steps
     from jaxmon._cli.runs import plot_workdirs, run_info
-    from jaxmon._experiment.config_file import ConfigError, load_config
+    from jaxmon._experiment.config_file import load_config
     from jaxmon._experiment.keys import check_top_level
 
     base = load_config(args.config, args.overrides)

@@ -13,11 +13,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["ConfigError", "apply_overrides", "load_config", "with_article"]
+from jaxmon._base.errors import ConfigError, with_article
 
-
-class ConfigError(ValueError):
-    """A config that cannot be loaded, or an override that does not fit it."""
+__all__ = ["ConfigError", "apply_overrides", "load_config"]
 
 
 def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> dict[str, Any]:
@@ -386,22 +384,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return "text"
     return "None" if value is None else with_article(type(value).__name__)
-
-
-#: Type names spoken from a consonant though written from a vowel ("a uint8", "a unicode").
-_SPOKEN_YOU = ("uint", "uni", "us", "uu")
-
-
-def with_article(name: str) -> str:
-    """A type's `name` with its indefinite article, as it is spoken.
-
-    Example:
-      >>> [with_article(name) for name in ("int", "list", "OrderedDict", "uint8", "str")]
-      ['an int', 'a list', 'an OrderedDict', 'a uint8', 'a str']
-    """
-    lower = name.lower()
-    vowel = lower[:1] in ("a", "e", "i", "o") or (lower[:1] == "u" and not lower.startswith(_SPOKEN_YOU))
-    return f"{'an' if vowel else 'a'} {name}"
 
 
 def _plain(config: Any, path: str) -> Any:

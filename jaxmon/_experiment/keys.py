@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from jaxmon._experiment.config_file import ConfigError, with_article
+from jaxmon._base.errors import ConfigError, with_article
 
 #: The keys an experiment config may have at its top level.
 TOP_LEVEL = ("seed", "prng_impl", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start",

@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._base.errors import ConfigError
 from jaxmon._experiment.tasks import TaskContext, boxed_params
 from jaxmon._run.train_state import TrainState
 

@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import optax
 
+from jaxmon._base.errors import ConfigError
 from jaxmon._data import loaders as _loaders
 from jaxmon._data.arrays import ArrayDataSource
 from jaxmon._experiment import tasks
-from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import get_key, pop_key, resolve
 from jaxmon._experiment.mesh import Layout, layout_of, mesh_of
 from jaxmon._experiment.sections import optimizer_of

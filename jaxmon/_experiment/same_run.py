@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxmon._base.errors import ConfigError
 from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
-from jaxmon._experiment.config_file import ConfigError
 
 #: What a run's checkpoints depend on: resuming with any of these changed is an error.
 #: Every `optimizer` key changes the update (the learning rate and its schedule, the

@@ -13,10 +13,10 @@ import numpy as np
 import optax
 
 import jaxmon
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._base.errors import ConfigError
 from jaxmon._experiment.keys import FLAG, INT, NUMBER, TEXT, Kind, check_kind, get_key, pop_key, resolve
-from jaxmon._ops.throughput import FIGURES, Throughput, check_figures
 from jaxmon._run.training import MonitoredTrainingSession
+from jaxmon.hooks._throughput import FIGURES, Throughput, check_figures
 from jaxmon.models import Transformer, transformer_flops_per_token
 
 #: The `MonitoredTrainingSession` arguments the experiment sets itself.

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._base.errors import ConfigError
 from jaxmon._experiment.keys import resolve
 from jaxmon._metrics.reductions import Ratio, Reduction
 from jaxmon._run.train_state import TrainState

@@ -15,9 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmon._base.errors import ConfigError
 from jaxmon._base.paths import LinkedFileError, is_full_disk, open_fd, open_file
 from jaxmon._checkpoints.manager import _LOCK_NAME, DirectoryInUseError
-from jaxmon._experiment.config_file import ConfigError
 from jaxmon._experiment.keys import TOP_LEVEL, check_keys
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data

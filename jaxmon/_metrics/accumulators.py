@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._base.abstract import one_step
 from jaxmon._base.hook import Hook
+from jaxmon._base.host import to_host
 from jaxmon._metrics.reductions import Reduction
-from jaxmon._run.batches import one_step
-from jaxmon._run.host import to_host
 
 logger = logging.getLogger("jaxmon")
 

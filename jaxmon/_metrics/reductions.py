@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmon._run.fetches import normalize, paths
+from jaxmon._base.fetches import normalize, paths
 
 
 def check_reduce(owner: str, reduce: object) -> str:

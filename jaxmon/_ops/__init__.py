@@ -1,1 +1,1 @@
-"""Operations around the loop: the report thread, the watchdog, time spent, host-sync guard."""
+"""Operations around the loop: the report thread, time spent, failures off the loop, the host-sync guard, FLOPs."""

@@ -1,1 +1,1 @@
-"""Several JAX processes: agreement, stragglers, and launching them."""
+"""Several JAX processes: agreement, stragglers, launching them, and the watchdog that ends a hung one."""

@@ -48,9 +48,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxmon._base import signals as _signals
 from jaxmon._base.errors import RollbackError
 from jaxmon._base.triggers import SecondOrStepTimer
-from jaxmon._cli import signals as _cli_signals
 from jaxmon._processes.stragglers import Stragglers
 
 logger = logging.getLogger("jaxmon")
@@ -118,7 +118,7 @@ def _leave() -> None:
 
     if distributed.global_state.client is None:  # shut down already, or never connected
         return
-    _cli_signals.flush_std_streams()
+    _signals.flush_std_streams()
     logging.shutdown()
     os._exit(PEER_LOST_EXIT_CODE)
 

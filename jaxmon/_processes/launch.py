@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxmon import distributed
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._base.errors import ConfigError
 from jaxmon._processes import agree as _agree
 
 __all__ = ["Cluster", "connect", "detect"]

@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from jaxmon._base import signals as _signals
+from jaxmon._base.errors import ConfigError
 from jaxmon._base.paths import open_file
-from jaxmon._cli import signals as _cli_signals
-from jaxmon._experiment.config_file import ConfigError
 
 __all__ = ["GRACE_SECS", "LEVEL_NAMES", "launch", "processes_option", "run_processes"]
 
@@ -98,7 +98,7 @@ def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace
     Raises:
       ConfigError: this process is already one of several, or `log_dir` cannot be made.
     """
-    with _cli_signals.loading():
+    with _signals.loading():
         from jaxmon._processes.launch import detect  # loads JAX (its cluster detection): only to launch
 
     cluster = detect()

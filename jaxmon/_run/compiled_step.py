@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmon._base.abstract import abstract, abstract_run, one_step
+from jaxmon._base.fetches import FetchSpec, paths
 from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._processes.agree import every_process_at
-from jaxmon._run.batches import abstract, abstract_run, on_device, one_step, stack_leaves
-from jaxmon._run.fetches import FetchSpec, paths
+from jaxmon._run.batches import on_device, stack_leaves
 from jaxmon._run.scan_unroll import canonical_convolutions, convolves, dynamic_length, platform_of, resolve_scan_unroll
 
 logger = logging.getLogger("jaxmon")

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 
 from jaxmon._base import errors
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._ops.host_syncs import HostSyncs
 from jaxmon._ops.time_spent import TimeSpent
-from jaxmon._run import fetches as _fetches
 from jaxmon._run import sharding as _sharding
 from jaxmon._run.batches import Placed, Steps, on_device, on_host, pad_run, run_lengths
 from jaxmon._run.compiled_step import CompiledStep, check_batch

@@ -15,15 +15,15 @@ from typing import Any, NamedTuple
 
 from jaxmon._base import errors
 from jaxmon._base.errors import NanLossDuringTrainingError
+from jaxmon._base.fetches import normalize
 from jaxmon._base.hook import Hook, RunArgs, RunContext, RunValues
+from jaxmon._base.host import to_host
 from jaxmon._base.schedule import Schedule, schedule_of, steps_to
 from jaxmon._base.triggers import Trigger
 from jaxmon._ops import report_thread
 from jaxmon._ops.failures import Failures
 from jaxmon._ops.host_syncs import HostSyncError, HostSyncs
 from jaxmon._ops.time_spent import TimeSpent, category_of
-from jaxmon._run.fetches import normalize
-from jaxmon._run.host import to_host
 from jaxmon._run.plan import QUIET, Call, RunPlan, RunResult
 
 logger = logging.getLogger("jaxmon")

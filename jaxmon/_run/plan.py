@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from jaxmon._base.fetches import FetchPlan, Wanted
 from jaxmon._base.hook import Hook, RunContext
-from jaxmon._run.fetches import FetchPlan, Wanted
 
 #: Who the caller's fetches are, in a fetch plan and in its errors.
 CALLER = "run(fetches=...)"

@@ -20,15 +20,15 @@ from typing import Any
 import jax
 
 from jaxmon._base import errors as _errors
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.hook import Hook
 from jaxmon._checkpoints.warm_start import WarmStartReport
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._ops.failures import Failures
 from jaxmon._ops.host_syncs import HostSyncs
 from jaxmon._ops.time_spent import TimeSpent
-from jaxmon._ops.watchdog import Watchdog
 from jaxmon._processes import agree as _agree
-from jaxmon._run import fetches as _fetches
+from jaxmon._processes.watchdog import Watchdog
 from jaxmon._run import scan_unroll as _scan_unroll
 from jaxmon._run import sharding as _sharding
 from jaxmon._run.batches import BatchSource, as_run

@@ -12,7 +12,7 @@ from typing import Any
 
 from jax.experimental import multihost_utils
 
-from jaxmon._cli import signals as _cli_signals
+from jaxmon._base import signals as _signals
 
 logger = logging.getLogger("jaxmon")
 _entered = False  # see session_entered()
@@ -108,7 +108,7 @@ class Preemption:
         if self._catching:
             self._handlers = [_SignalHandler(signal.SIGTERM, self.request, lambda: self.requested),
                               _SignalHandler(signal.SIGHUP, self._hung_up, lambda: self.requested)]
-            if _cli_signals.in_the_command():  # the command's Ctrl-C saves from the start, as its SIGTERM does
+            if _signals.in_the_command():  # the command's Ctrl-C saves from the start, as its SIGTERM does
                 self._handlers.append(self._ctrl_c_handler())
         elif handle_sigterm and several_processes:  # JAX's service hears SIGTERM only
             self._handlers = [_SignalHandler(signal.SIGHUP, lambda: os.kill(os.getpid(), signal.SIGTERM),
@@ -147,7 +147,7 @@ class Preemption:
         Ctrl-C, now that the session saved and closed."""
         if self.requested_at is not None:
             logger.info("Stopped at step %d, %.2f s after %s (the run under way, the save and the hooks' "
-                           "close).", step, time.monotonic() - self.requested_at, _cli_signals.NAMES[self.signal])
+                           "close).", step, time.monotonic() - self.requested_at, _signals.NAMES[self.signal])
         if self.interrupted:
             self.interrupted = False
             raise KeyboardInterrupt(f"Stopped by Ctrl-C at step {step}")
@@ -183,7 +183,7 @@ class _SignalHandler:
             self._installed = False  # under `nohup`: the run goes on when the terminal closes
         if self._installed:
             self._previous = signal.signal(signum, self._handle)
-            if _cli_signals.take_lost(signum):  # the command's, raised before and caught by a library
+            if _signals.take_lost(signum):  # the command's, raised before and caught by a library
                 self._handle(signum, None)
         elif signum == signal.SIGTERM:
             logger.info("The session is not in the main thread, so it does not handle SIGTERM, SIGHUP or Ctrl-C.")

@@ -13,10 +13,10 @@ import numpy as np
 from jaxmon._base import errors as _errors
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Declared
-from jaxmon._ops.throughput import Throughput, check_figures
 from jaxmon._run.session import MonitoredSession
 from jaxmon._writers import SummaryWriterCache
 from jaxmon.hooks import CheckpointSaverHook, GoodputHook, StepCounterHook, SummarySaverHook
+from jaxmon.hooks._throughput import Throughput, check_figures
 
 #: TF's `USE_DEFAULT`: an argument not given, as opposed to one given as None.
 USE_DEFAULT: Any = type("UseDefault", (), {"__repr__": lambda self: "USE_DEFAULT"})()

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.errors import check_int, check_number
 from jaxmon._base.hook import Hook, RunArgs, RunContext, RunValues
 from jaxmon._base.triggers import Trigger, timer_for
-from jaxmon._run import fetches as _fetches
 from jaxmon.hooks._eval import EvalHook
 
 logger = logging.getLogger("jaxmon")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.hook import Hook, RunContext, RunValues
-from jaxmon._run import fetches as _fetches
 
 logger = logging.getLogger("jaxmon")
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce, of_last_step
 from jaxmon._ops import report_thread
-from jaxmon._run import fetches as _fetches
 
 logger = logging.getLogger("jaxmon")
 

@@ -18,8 +18,8 @@ from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
-from jaxmon._ops.throughput import Throughput
 from jaxmon.hooks._stop import StopAtStepHook
+from jaxmon.hooks._throughput import Throughput
 
 
 class ProgressBarHook(TimedHook):

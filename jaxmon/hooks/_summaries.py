@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmon._base import fetches as _fetches
 from jaxmon._base.errors import check_on_error
 from jaxmon._base.hook import RunArgs, RunContext, RunValues
 from jaxmon._base.paths import by_path
@@ -18,7 +19,6 @@ from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._metrics.reductions import Mean, Reduction, check_reduce
 from jaxmon._ops import report_thread
-from jaxmon._run import fetches as _fetches
 from jaxmon._writers import WriterSlot
 
 

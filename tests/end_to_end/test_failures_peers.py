@@ -55,9 +55,9 @@ def test_train_help_documents_exit_75():
 NOISY_THREAD = """
 import importlib.util, os, sys, threading, time
 
-spec = importlib.util.spec_from_file_location("_cli_signals", "jaxmon/_cli/signals.py")  # no JAX to start
-_cli_signals = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(_cli_signals)
+spec = importlib.util.spec_from_file_location("_signals", "jaxmon/_base/signals.py")  # no JAX to start
+_signals = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_signals)
 
 def noise():  # native log lines from other threads, as JAX's coordination client writes one
     while True:
@@ -67,7 +67,7 @@ def noise():  # native log lines from other threads, as JAX's coordination clien
 for _ in range(2):
     threading.Thread(target=noise, daemon=True).start()
 time.sleep(0.05)
-_cli_signals.write_last_line("jaxmon train: PeerError: the last line\\n")
+_signals.write_last_line("jaxmon train: PeerError: the last line\\n")
 print("nothing after it", file=sys.stderr, flush=True)
 os._exit(75)
 """

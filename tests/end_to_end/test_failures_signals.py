@@ -20,7 +20,7 @@ import pytest
 from helpers import DEFAULT, ROOT, assert_fails, assert_same_checkpoint, tiny_config
 
 import jaxmon as jm
-from jaxmon._cli import signals as _cli_signals
+from jaxmon._base import signals as _signals
 from jaxmon._run.state_life import unaliased
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
@@ -176,7 +176,7 @@ class RaisesCtrlCWhenCollected:
 
 def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_in_the_main_thread():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGALRM), sys.unraisablehook
-    with pytest.raises(KeyboardInterrupt), _cli_signals.handling():
+    with pytest.raises(KeyboardInterrupt), _signals.handling():
         RaisesCtrlCWhenCollected()  # collected at once: Ctrl-C inside `__del__`, swallowed there
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # raised again here, 50 ms later
@@ -187,7 +187,7 @@ def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_in_the_main_thread():
 
 def test_a_swallowed_ctrl_c_goes_to_the_handler_that_took_ctrl_c_over_since():
     taken = []
-    with _cli_signals.handling():
+    with _signals.handling():
         RaisesCtrlCWhenCollected()
         signal.signal(signal.SIGINT, lambda signum, frame: taken.append(signum))  # a session's
         deadline = time.monotonic() + 5
@@ -200,15 +200,15 @@ def test_a_signal_a_library_caught_goes_to_the_session_that_takes_the_signals_ov
     """SIGTERM raised inside native code that catches what it calls (JAX's first lowering
     imports an extension module) is lost there: the session that takes SIGTERM over next
     acts on it (saves at the next step boundary and stops), and it is not raised again."""
-    with _cli_signals.handling():
+    with _signals.handling():
         try:
             signal.raise_signal(signal.SIGTERM)
-        except _cli_signals.Terminated:
+        except _signals.Terminated:
             pass  # what the library did with it
         with caplog.at_level(logging.WARNING, logger="jaxmon"):
             with jm.MonitoredSession(lambda state, batch: (state + 1, {}), state=jnp.zeros(())) as sess:
                 stopped = sess.should_stop()
-        _cli_signals.check()  # nothing left to raise
+        _signals.check()  # nothing left to raise
     assert stopped
     assert [r.getMessage() for r in caplog.records] == [
         "SIGTERM or request_preemption(): saving at the next step boundary, then stopping; a second one stops at "
@@ -217,7 +217,7 @@ def test_a_signal_a_library_caught_goes_to_the_session_that_takes_the_signals_ov
 
 def test_importing_jaxmon_outside_the_command_leaves_the_signals_alone():
     handlers = {signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)}
-    assert not handlers & {_cli_signals._exit_at_once, _cli_signals._raise}  # noqa: SLF001
+    assert not handlers & {_signals._exit_at_once, _signals._raise}  # noqa: SLF001
 
 
 # -- the small messages -------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 from helpers import ROOT
 
 import jaxmon as jm
-from jaxmon._experiment.config_file import with_article
+from jaxmon._base.errors import with_article
 from jaxmon._experiment.keys import get_key
 
 BASE = {

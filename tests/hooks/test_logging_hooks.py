@@ -581,7 +581,7 @@ def regression_step(state, batch):
 
 @pytest.mark.parametrize("known", ["examples", "tokens and peak"])
 def test_progress_bar_shows_the_training_sessions_perf_figures(tmp_path, known):
-    from jaxmon._ops.throughput import Throughput
+    from jaxmon.hooks._throughput import Throughput
 
     clock, stream = FakeClock(), io.StringIO()
     bar = jm.ProgressBarHook(stream=stream, enabled=True, clock=clock)

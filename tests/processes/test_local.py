@@ -25,7 +25,7 @@ import pytest
 from helpers import ROOT, cpu_env, tiny_config, with_helpers_path
 
 import jaxmon as jm
-from jaxmon._experiment.config_file import ConfigError
+from jaxmon._base.errors import ConfigError
 from jaxmon._processes import launch as _launch
 from jaxmon._processes import local as _local_processes
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
+from jaxmon._base.fetches import normalize
 from jaxmon._run.dispatch import Dispatch
-from jaxmon._run.fetches import normalize
 from jaxmon._run.hook_runner import QUIET, Call, RunPlan, RunResult
 
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import FakeClock, RecordingHook, events
 
 import jaxmon as jm
-from jaxmon._run.fetches import Wanted
+from jaxmon._base.fetches import Wanted
 from jaxmon._run.hook_runner import QUIET, Call, HookRunner, RunPlan, RunResult
 
 OUTPUTS = {"loss": jnp.float32(0.5)}

@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps
-from jaxmon._ops.throughput import Throughput
+from jaxmon.hooks._throughput import Throughput
 
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 

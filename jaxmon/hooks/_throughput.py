@@ -26,11 +26,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxmon._base.abstract import abstract, one_step
 from jaxmon._base.hook import RunContext, RunValues
 from jaxmon._base.timed import TimedHook
 from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._ops.flops import StepFlops, step_flops
-from jaxmon._run.batches import abstract, one_step
 from jaxmon._writers import WriterSlot
 
 logger = logging.getLogger("jaxmon")

@@ -297,31 +297,4 @@ def stopped(error: BaseException) -> int | None:
     return signum
 
 
-def stop_line(args: Any, error: BaseException, signum: int) -> str:
-    """The last line of a command stopped by `signum` (`error` reached `main`): the step
-    a session stopped and saved at (its message), else whether training had started
-    and which checkpoint stands."""
-    from jaxmon._checkpoints.step_dirs import complete_steps  # loads no JAX: the signal may have cut JAX's import short
-
-    stopping = sys.modules.get("jaxmon._run.stopping")  # not loaded: no session was entered
-    session_entered = getattr(stopping, "session_entered", lambda: False)
-    name = NAMES[signum]
-    if getattr(args, "command", None) != "train":
-        return f"Stopped by {name}."
-    workdir = getattr(args, "workdir", None)
-    steps = complete_steps(workdir) if isinstance(workdir, str) and os.path.isdir(workdir) else []
-    said = str(error.args[0]) if isinstance(error, KeyboardInterrupt | Terminated) and error.args else ""
-    if said.startswith(f"Stopped by {name} at step "):  # the session stopped, saved and closed
-        step = said.rpartition(" ")[2]
-        saved = (f"checkpoint {step} is saved" if steps and str(steps[-1]) == step
-                 else f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved")
-        return f"{said}; {saved}: run the same command to resume."
-    if not session_entered():
-        then = f"checkpoint {steps[-1]} stands: run the same command to resume" if steps else \
-            "run the same command to train"
-        return f"Stopped by {name} before training started: nothing to save; {then}."
-    stands = f"checkpoint {steps[-1]} stands" if steps else "no checkpoint was saved"
-    return f"Stopped by {name}: the save in progress, if any, was abandoned; {stands}."
-
-
 install_for_the_command()

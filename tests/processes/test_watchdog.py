@@ -15,7 +15,7 @@ import pytest
 from helpers import DEFAULT, ROOT
 
 import jaxmon as jm
-from jaxmon._ops import watchdog as _watchdog
+from jaxmon._processes import watchdog as _watchdog
 
 pytestmark = pytest.mark.processes
 

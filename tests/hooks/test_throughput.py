@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
-from jaxmon._ops import throughput as _throughput
 from jaxmon._ops.flops import StepFlops, step_flops
-from jaxmon._ops.throughput import Throughput, peak_tflops
+from jaxmon.hooks import _throughput
+from jaxmon.hooks._throughput import Throughput, peak_tflops
 
 
 def test_the_peak_of_a_device_is_found_by_its_kind():

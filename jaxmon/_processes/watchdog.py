@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from jaxmon._cli import signals as _cli_signals
+from jaxmon._base import signals as _signals
 
 logger = logging.getLogger("jaxmon")
 
@@ -40,7 +40,7 @@ _MODULES = {  # by the path below jaxmon/, without .py
     "_checkpoints/orbax_failures": "in a checkpoint save",
     "_run/state_life": "creating or restoring the state",
     "_run/dispatch": "in the step (waiting for the device)",
-    "_run/host": "in the step (waiting for the device to return a hook's values)",
+    "_base/host": "in the step (waiting for the device to return a hook's values)",
     "_metrics/accumulators": "in the step (waiting for the device to return the accumulated metrics)",
     "_run/scan_unroll": "in the step (waiting for the device)",
 }
@@ -106,7 +106,7 @@ class Watchdog:
         stderr = sys.__stderr__ or sys.stderr  # the process's own: `jaxmon train` keeps other threads' text out
         try:
             _flush_records()
-            _cli_signals.flush_std_streams()
+            _signals.flush_std_streams()
             print(f"{_failure_prefix()}watchdog: the stacks of every thread follow.\n{stacks}{line}", file=stderr,
                   flush=True)
             logging.shutdown()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmon._run.fetches import FetchPlan, Wanted, normalize, output
+from jaxmon._base.fetches import FetchPlan, Wanted, normalize, output
 
 
 def fn_a(state, batch, outputs):
