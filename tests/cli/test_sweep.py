@@ -99,14 +99,16 @@ def test_points_given_in_no_form_or_two_exit_2_with_one_line(tmp_path, args, lin
 
 @pytest.mark.slow
 def test_a_point_that_fails_ends_the_sweep_with_its_code_after_its_neighbour_and_starts_no_other(tmp_path):
+    # The neighbour trains 300 steps, far more than the failing point takes to fail, so that on a
+    # loaded machine too it ends after that point's failure: no slot frees for the third.
     done = sweep("--config", DEFAULT, "--workdir", tmp_path, "--parallel", 2, "--config.steps=30",
-                 "--point", "optimizer.learning_rate=1e30 seed=0", "--point", "optimizer.learning_rate=0.001 seed=0",
+                 "--point", "optimizer.learning_rate=1e30 seed=0", "--point", "optimizer.learning_rate=0.001 steps=300",
                  "--point", "optimizer.learning_rate=0.001 seed=1")
     out, err = done.communicate(timeout=600)  # a point still queued once the others ended: the sweep ends too
     assert done.returncode == 1, err[-3000:]  # a non-finite loss: `jaxmon train`'s exit 1
     assert "the point optimizer.learning_rate=1e30,seed=0 failed with exit code 1" in err
     assert out.count(": training") == 2 and not (tmp_path / "optimizer.learning_rate=0.001,seed=1").exists()
-    assert jm.latest_checkpoint_step(tmp_path / "optimizer.learning_rate=0.001,seed=0") == 30  # the neighbour
+    assert jm.latest_checkpoint_step(tmp_path / "optimizer.learning_rate=0.001,steps=300") == 300  # the neighbour
     assert not (tmp_path / "sweep.json").exists()
 
 
