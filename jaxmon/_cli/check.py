@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from jaxmon._cli.runs import _size
+from jaxmon._base.paths import size_text
 
 _CHECK = """\
 Build what a config describes and compile its programs, without training: print the
@@ -110,6 +110,6 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append("programs (compile time; memory per device):")
     width = max(len(program["name"]) for program in report["programs"])
     lines += [f"  {program['name']:<{width}}  {program['compile_secs']:6.2f} s  "
-              + ", ".join(f"{name} {_size(n)}" for name, n in program["memory_per_device"].items())
+              + ", ".join(f"{name} {size_text(n)}" for name, n in program["memory_per_device"].items())
               for program in report["programs"]]
     return "\n".join(lines)

@@ -25,7 +25,6 @@ from jaxmon._cli.runs import (  # noqa: F401  (importable from here too)
     _pyplot,
     _rank_best,
     _run_label,
-    _size,
     _yscale,
     add_inspect,
     add_plot,

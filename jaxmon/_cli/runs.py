@@ -13,6 +13,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from jaxmon._base.paths import size_text
+
 
 def add_inspect(commands: Any) -> argparse.ArgumentParser:
     """Adds `jaxmon inspect` to `commands` (the main parser's subparsers); returns its parser."""
@@ -65,7 +67,7 @@ def _inspect(args: argparse.Namespace) -> int:
         for item in info["checkpoints"]:
             best = "" if item["best_metric"] is None else f"  best_metric {item['best_metric']:.6g}"
             mark = {None: "", 1: "  (best)"}.get(item["best_rank"], f"  (#{item['best_rank']})")
-            print(f"  step {item['step']:>8}  {_size(item['bytes']):>9}  {shown(item['time'])}  "
+            print(f"  step {item['step']:>8}  {size_text(item['bytes']):>9}  {shown(item['time'])}  "
                   f"{'sealed' if item['sealed'] else 'unsealed'}{best}{mark}")
     else:
         print("checkpoints: none")
@@ -458,12 +460,3 @@ def shown(value: Any) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-

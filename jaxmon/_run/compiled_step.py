@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmon._base.abstract import abstract, abstract_run, one_step
+from jaxmon._base.errors import with_article
 from jaxmon._base.fetches import FetchSpec, paths
 from jaxmon._ops.time_spent import TimeSpent
 from jaxmon._processes.agree import every_process_at
@@ -471,10 +472,10 @@ def _describe(value: Any) -> str:
     if isinstance(value, (jax.Array, np.ndarray)):
         return f"an array {_short(value)}"
     if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}: ({', '.join(_short(v) for v in value)})"
+        return f"{with_article(type(value).__name__)} of {len(value)}: ({', '.join(_short(v) for v in value)})"
     if isinstance(value, Mapping):
-        return f"a {type(value).__name__} with keys {list(value)}"
-    return f"a {type(value).__name__} ({value!r:.60})"
+        return f"{with_article(type(value).__name__)} with keys {list(value)}"
+    return f"{with_article(type(value).__name__)} ({value!r:.60})"
 
 
 def _short(value: Any) -> str:

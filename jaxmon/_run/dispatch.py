@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxmon._base import errors
 from jaxmon._base import fetches as _fetches
+from jaxmon._base.errors import with_article
 from jaxmon._base.hook import Hook
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._ops.host_syncs import HostSyncs
@@ -257,7 +258,7 @@ def merge_feeds(batch: Any, feeds: Iterable[tuple[Hook, Mapping[str, Any]]]) -> 
         return merged
     if not isinstance(batch, Mapping):
         raise TypeError(
-            f"Hooks feed {sorted(merged)}, but the batch is a {type(batch).__name__}, not a "
+            f"Hooks feed {sorted(merged)}, but the batch is {with_article(type(batch).__name__)}, not a "
             "dict; feeds need dict batches."
         )
     clash = sorted(set(merged) & set(batch))

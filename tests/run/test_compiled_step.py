@@ -112,7 +112,7 @@ def test_a_step_fn_with_the_wrong_arity_is_rejected_at_construction():
     ((0, [jnp.ones(3)]), r"it returned a list of 1: \(float32\[3\]\)"),
     ((0, {"loss": "low"}), r"these entries are not arrays: \{'loss': \"a str \('low'\)\"\}"),
     ((0, {"nested": {"a": "low"}}), r"not arrays: \{'nested/a':"),  # a nested bad entry, named by its path
-    (0, r"must return a pair \(new_state, outputs\); it returned a int"),
+    (0, r"must return a pair \(new_state, outputs\); it returned an int"),
     ((0, {}, 1), r"it returned a tuple of 3"),
 ])
 def test_bad_step_outputs_are_named_on_the_first_run(result, message):
