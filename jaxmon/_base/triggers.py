@@ -99,6 +99,12 @@ class SecondOrStepTimer:
         self._last_step, self._last_time = step, now
         return elapsed
 
+    def rate(self, step: int) -> float | None:
+        """Records a trigger at `step`; returns the steps a second since the previous one
+        (None for the first, or when no time or no step passed): a period's speed."""
+        secs, steps = self.update_last_triggered_step(step)
+        return steps / secs if secs and steps is not None and steps > 0 else None
+
     def due(self, step: int) -> bool:
         """Whether the action is due at `step`, recording the trigger if it is (CLU's
         `PeriodicAction` check): `if timer.due(step): act()`."""

@@ -8,9 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
-
 from jaxmon._base.errors import check_int, check_on_error
 from jaxmon._base.hook import RunContext, RunValues
 from jaxmon._base.timed import TimedHook
@@ -18,6 +15,7 @@ from jaxmon._base.triggers import Trigger, timer_for
 from jaxmon._ops import report_thread
 from jaxmon._writers import WriterSlot
 from jaxmon.hooks._logging import show_info_logs
+from jaxmon.hooks._throughput import shared_rows
 
 logger = logging.getLogger("jaxmon")
 
@@ -90,15 +88,14 @@ class StepCounterHook(TimedHook):
                            "Rates skip such runs.", last, step)
         if not self.timer.should_trigger_for_step(step):
             return
-        elapsed_secs, elapsed_steps = self.timer.update_last_triggered_step(step)
-        if not elapsed_secs or elapsed_steps <= 0:
-            return
-        report_thread.submit_for(self, self._report, step, elapsed_steps / elapsed_secs, ctx.original_args.feeds)
+        rate = self.timer.rate(step)
+        if rate is not None:
+            report_thread.submit_for(self, self._report, step, rate, ctx.original_args.feeds)
 
     def _report(self, step: int, rate: float, batch: Any) -> None:
         """The rate's log line and summaries, on the report thread (see `report_thread`)."""
         scalars = {self.tag: rate}
-        batch_size = self.batch_size or _batch_size(batch)
+        batch_size = self.batch_size or shared_rows(batch)
         if batch_size:
             scalars["examples/sec"] = rate * batch_size
         logger.info("%s: %g", self.tag, rate)
@@ -110,9 +107,3 @@ class StepCounterHook(TimedHook):
 
     def __repr__(self) -> str:
         return f"StepCounterHook({self.timer!r})"
-
-
-def _batch_size(batch: Any) -> int | None:
-    """The leading dimension shared by every array of the batch, if there is one."""
-    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree.leaves(batch)}
-    return sizes.pop() if len(sizes) == 1 else None

@@ -132,11 +132,11 @@ class Throughput(TimedHook):
             return
         if not self.timer.should_trigger_for_step(values.step):
             return
-        secs, steps = self.timer.update_last_triggered_step(values.step)
+        rate = self.timer.rate(values.step)
         if self._counting is not None:
             self._counting.join()  # begun a period ago: done by now, but for a step that lowers slowly
-        if secs and steps > 0:
-            self._write(values.step, steps / secs)
+        if rate is not None:
+            self._write(values.step, rate)
 
     def _settle(self, ctx: RunContext) -> None:
         """Finds the figures of a step the caller did not give (each said once where it
@@ -217,15 +217,22 @@ def _device_peak() -> float | None:
     return peak
 
 
+def shared_rows(batch: Any) -> int | None:
+    """The leading dimension every array of one step's `batch` shares: its examples (None
+    when the arrays disagree or one has no leading axis)."""
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree.leaves(batch)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def _rows(batch: Any) -> int | None:
-    """The examples of one step's abstract `batch`: its first leaf's leading axis, times the
-    processes where each feeds its own rows (host arrays: no sharding); None, said once,
-    for a batch without one."""
-    leaves = jax.tree.leaves(batch)
-    if not leaves or not np.shape(leaves[0]):
-        first = f"{leaves[0].dtype}{list(np.shape(leaves[0]))}" if leaves else "none"
-        logger.info("perf: no examples per second: the step's batch has no leading axis (its first leaf: %s); %s.",
-                    first, _GIVE.format("examples_per_step"))
+    """The examples of one step's abstract `batch` (`shared_rows`), times the processes where
+    each feeds its own rows (host arrays: no sharding); None, said once, for a batch
+    without them."""
+    rows = shared_rows(batch)
+    if rows is None:
+        shapes = ", ".join(f"{leaf.dtype}{list(np.shape(leaf))}" for leaf in jax.tree.leaves(batch)[:4]) or "none"
+        logger.info("perf: no examples per second: the step's arrays share no leading axis (%s); %s.",
+                    shapes, _GIVE.format("examples_per_step"))
         return None
-    rows = int(np.shape(leaves[0])[0])
-    return rows if getattr(leaves[0], "sharding", None) is not None else rows * jax.process_count()
+    first = jax.tree.leaves(batch)[0]
+    return rows if getattr(first, "sharding", None) is not None else rows * jax.process_count()

@@ -123,9 +123,8 @@ def test_each_figure_that_cannot_be_computed_is_said_once_with_why_and_the_fix(t
     assert len(rows) == 3 and all("perf/tflops_per_sec_per_device" in row for row in rows)
     assert all("perf/examples_per_sec" not in row for row in rows)
     assert all(("perf/mfu" in row) == (peak_tflops(kind) is not None) for row in rows)
-    said = [("INFO", "perf: no examples per second: the step's batch has no leading axis (its first leaf: "
-                     "int32[]); give examples_per_step= to MonitoredTrainingSession (perf.examples_per_step in a "
-                     "jaxmon config).")]
+    said = [("INFO", "perf: no examples per second: the step's arrays share no leading axis (int32[]); give "
+                     "examples_per_step= to MonitoredTrainingSession (perf.examples_per_step in a jaxmon config).")]
     if peak_tflops(kind) is None:  # a CPU
         said.append(("INFO", "perf: no MFU: jaxmon's table of peaks (H100, H200, A100, TPU v4, TPU v5 lite, TPU v5e, "
                              f"TPU v5p, TPU v6 lite, TPU v6e) has none for the device kind {kind!r}; give peak_tflops= "
