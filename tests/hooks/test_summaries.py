@@ -12,7 +12,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, RecordingHook, RecordingWriter, count_step, windows, zero
+from helpers import (
+    FakeClock,
+    RecordingHook,
+    RecordingWriter,
+    checked_summary_step,
+    count_step,
+    float_zero,
+    run_summaries,
+    summary_step,
+    windows,
+    zero,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -22,27 +33,8 @@ from jaxmon._writers import SummaryWriterCache
 SIZE_GUIDANCE = {"scalars": 0, "histograms": 0, "images": 0, "tensors": 0}
 
 
-def step(state, batch):
-    state = state + 1.0
-    return state, {"loss": state * 2, "acc": state / 10, "vec": jnp.ones(3) * state}
-
-
-def init_fn():
-    return jnp.zeros((), jnp.float32)
-
-
 def square_plus_one(state, batch, outputs):
     return state**2 + 1
-
-
-def run_session(hooks, runs, clock=None, dt=0.0):
-    """Runs `runs` steps (advancing `clock` by `dt` after each) and closes the session."""
-    with jm.MonitoredSession(step, init_fn, hooks=hooks) as sess:
-        for _ in range(runs):
-            sess.run()
-            if clock is not None:
-                clock.t += dt
-    return sess
 
 
 def events(logdir):
@@ -109,7 +101,7 @@ def test_a_writer_with_only_some_of_the_protocol_methods_is_a_type_error():
 @pytest.mark.parametrize("reduce", ["last", "mean"])  # "last": TF's values of the write step
 def test_save_steps_writes_every_scalar_output_and_extra_summaries_at_steps_1_8_16_24(tmp_path, reduce):
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"sq": square_plus_one}, reduce=reduce)
-    sess = run_session([hook], 30)
+    sess = run_summaries([hook], 30)
     assert sess.step == 30
     acc = events(tmp_path)
     steps = [1, 8, 16, 24]  # step 1, then every 8 steps counted from step 0
@@ -179,7 +171,7 @@ def counted(state, batch, outputs):
 def test_an_extra_summary_is_computed_only_on_the_steps_it_is_written(tmp_path):  # L2: counter reads 1, 2, 3, 4
     EVALUATIONS.clear()
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted}, reduce="last")
-    sess = run_session([hook], 30)
+    sess = run_summaries([hook], 30)
     jax.effects_barrier()
     assert EVALUATIONS == [1.0, 8.0, 16.0, 24.0]
     assert scalars(events(tmp_path), "tripled") == [(1, 3.0), (8, 24.0), (16, 48.0), (24, 72.0)]
@@ -190,7 +182,7 @@ def test_an_extra_summary_is_computed_only_on_the_steps_it_is_written(tmp_path):
 def test_an_extra_summary_with_reduce_mean_is_computed_every_step_and_written_as_its_window_mean(tmp_path):
     EVALUATIONS.clear()
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path, summaries={"tripled": counted})  # reduce="mean"
-    sess = run_session([hook], 30)
+    sess = run_summaries([hook], 30)
     jax.effects_barrier()
     assert EVALUATIONS == [float(t) for t in range(1, 31)]  # accumulated on the device on every step
     # 3 * mean of the steps 1, 1-8, 9-16, 17-24: 3 * 1, 3 * 4.5, 3 * 12.5, 3 * 20.5
@@ -204,7 +196,7 @@ def metrics(state, batch, outputs):
 
 def test_a_pytree_of_scalars_is_tagged_by_path(tmp_path):
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path, summaries={"m": metrics, "l": "loss"})
-    run_session([hook], 4)
+    run_summaries([hook], 4)
     acc = events(tmp_path)
     # written after steps 1, 2, 4, each leaf the mean over its window: 1, 1-2, 3-4
     # (double = loss = 2 t: 2, 2 * 1.5, 2 * 3.5; half/x = t / 2: 0.5, 1.5 / 2, 3.5 / 2)
@@ -216,8 +208,8 @@ def test_a_pytree_of_scalars_is_tagged_by_path(tmp_path):
 
 def test_a_hook_used_again_in_a_new_session_keeps_the_absolute_schedule(tmp_path):  # 2.7: begin resets the timer
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)
-    run_session([hook], 10)
-    with jm.MonitoredSession(step, init_fn, hooks=[hook], initial_step=10) as sess:
+    run_summaries([hook], 10)
+    with jm.MonitoredSession(summary_step, float_zero, hooks=[hook], initial_step=10) as sess:
         for _ in range(6):
             sess.run()
     # the second session (steps 11-16) writes at 16, the next multiple of 8, not at its first step
@@ -227,7 +219,7 @@ def test_a_hook_used_again_in_a_new_session_keeps_the_absolute_schedule(tmp_path
 def test_save_secs_half_a_second_with_half_a_second_per_run_writes_every_step(tmp_path):
     clock = FakeClock()
     hook = jm.SummarySaverHook(save_secs=0.5, output_dir=tmp_path, clock=clock)
-    run_session([hook], 4, clock=clock, dt=0.5)
+    run_summaries([hook], 4, clock=clock, dt=0.5)
     assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 2, 3, 4]
 
 
@@ -235,7 +227,7 @@ def test_save_secs_half_a_second_with_half_a_second_per_run_writes_every_step(tm
 def test_save_secs_nine_with_3_1_seconds_per_run_writes_steps_1_4_7(tmp_path, reduce):
     clock = FakeClock()
     hook = jm.SummarySaverHook(save_secs=9, output_dir=tmp_path, clock=clock, reduce=reduce)
-    run_session([hook], 8, clock=clock, dt=3.1)
+    run_summaries([hook], 8, clock=clock, dt=3.1)
     loss, _ = expected_outputs([1, 4, 7], reduce)
     # last (TF): 2 * step; mean: 2, then (step 1's write ends no window) 2 * (1 + 2 + 3 + 4) / 4 = 5,
     # 2 * (5 + 6 + 7) / 3 = 12
@@ -261,7 +253,7 @@ def test_histogram_image_and_text_summaries(tmp_path):
         "img": jm.Image(picture),
         "note": jm.Text("loss", lambda v: f"loss is {float(v):.1f}"),
     })
-    run_session([hook], 6)
+    run_summaries([hook], 6)
     acc = events(tmp_path)
     assert {"params/w", "params/b"} <= set(acc.Tags()["histograms"])
     w = acc.Histograms("params/w")
@@ -288,13 +280,13 @@ def flat_picture(state, batch, outputs):
 def test_an_image_of_the_wrong_shape_is_a_value_error(tmp_path):
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"img": jm.Image(flat_picture)})
     with pytest.raises(ValueError, match=r"\(6, 8, 2\)"):
-        run_session([hook], 3)
+        run_summaries([hook], 3)
 
 
 def test_a_non_scalar_plain_summary_is_a_value_error_naming_the_shape(tmp_path):
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"v": "vec"})
     with pytest.raises(ValueError, match=r"\(3,\)") as info:
-        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+        with jm.MonitoredSession(summary_step, float_zero, hooks=[hook]) as sess:
             for _ in range(3):
                 sess.run()
     assert "jm.Histogram" in str(info.value)
@@ -307,7 +299,7 @@ def test_a_non_scalar_plain_summary_is_a_value_error_naming_the_shape(tmp_path):
 def test_a_non_scalar_plain_summary_with_on_error_warn_logs_and_training_goes_on(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="jaxmon")
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, summaries={"v": "vec"}, on_error="warn")
-    sess = run_session([hook], 5)
+    sess = run_summaries([hook], 5)
     assert sess.step == 5
     warnings = [r for r in caplog.records if r.name == "jaxmon" and r.levelno == logging.WARNING]
     assert warnings
@@ -321,7 +313,7 @@ def test_hparams_are_written_once_even_after_a_recovery(tmp_path):
     hparams = {"lr": 0.1, "opt": {"name": "adam"}}
     aborter = RecordingHook(raise_in={"before_run": (3, jm.AbortedError("x"))})
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path, hparams=hparams)
-    with jm.MonitoredSession(step, init_fn, hooks=[aborter, hook]) as sess:
+    with jm.MonitoredSession(summary_step, float_zero, hooks=[aborter, hook]) as sess:
         path = tmp_path / "hparams.json"
         first = path.read_text()
         assert json.loads(first) == {"lr": 0.1, "opt.name": "adam"}
@@ -347,7 +339,7 @@ def test_two_hooks_writing_one_step_share_one_jsonl_line(tmp_path):
         jm.SummarySaverHook(save_steps=1, output_dir=tmp_path),
         jm.StepCounterHook(every_n_steps=1, output_dir=tmp_path, clock=clock),
     ]
-    run_session(hooks, 6, clock=clock, dt=0.5)
+    run_summaries(hooks, 6, clock=clock, dt=0.5)
     lines = jsonl(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
     assert all("wall_time" in line and isinstance(line["wall_time"], float) for line in lines)
@@ -364,7 +356,7 @@ def nonfinite_step(state, batch):
 
 def test_non_finite_values_are_written_as_strings(tmp_path):
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
-    with jm.MonitoredSession(nonfinite_step, init_fn, hooks=[hook]) as sess:
+    with jm.MonitoredSession(nonfinite_step, float_zero, hooks=[hook]) as sess:
         sess.run()
         sess.run()
     lines = jsonl(tmp_path / "metrics.jsonl")
@@ -376,23 +368,17 @@ def test_non_finite_values_are_written_as_strings(tmp_path):
 
 def test_the_jsonl_file_is_complete_after_close(tmp_path):
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
-    run_session([hook], 7)
+    run_summaries([hook], 7)
     lines = jsonl(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in lines] == list(range(1, 8))  # the last step (read late) included
     assert [line["loss"] for line in lines] == [2.0 * s for s in range(1, 8)]
     assert [s for s, _ in scalars(events(tmp_path), "loss")] == list(range(1, 8))
 
 
-def checked_step(state, batch):
-    if jnp.ndim(batch) != 0:
-        raise ValueError("this step wants a scalar batch")
-    return step(state, batch)
-
-
 def test_pending_summaries_are_written_when_the_step_raises(tmp_path):
     hook = jm.SummarySaverHook(save_steps=8, output_dir=tmp_path)
     with pytest.raises(ValueError, match="scalar batch"):
-        with jm.MonitoredSession(checked_step, init_fn, hooks=[hook]) as sess:
+        with jm.MonitoredSession(checked_summary_step, float_zero, hooks=[hook]) as sess:
             for i in range(1, 12):
                 sess.run(np.zeros(2, np.float32) if i == 9 else np.float32(0))
     assert sess.step == 8  # step 8's summaries, due to be read during run 9, are still written
@@ -412,7 +398,7 @@ def test_hooks_with_one_output_dir_share_one_writer_and_one_event_file(tmp_path)
         jm.StepCounterHook(every_n_steps=2, output_dir=tmp_path, clock=clock),
     ]
     key = os.path.abspath(tmp_path)
-    with jm.MonitoredSession(step, init_fn, hooks=hooks) as sess:
+    with jm.MonitoredSession(summary_step, float_zero, hooks=hooks) as sess:
         assert SummaryWriterCache._writers[key][1] == 2  # two handles on one writer
         for _ in range(5):
             sess.run()
@@ -431,7 +417,7 @@ def test_a_session_that_fails_to_start_releases_the_cached_writer(tmp_path):  # 
 
     hook = jm.SummarySaverHook(save_steps=1, output_dir=tmp_path)
     with pytest.raises(ValueError, match="no state"):
-        jm.MonitoredSession(step, broken_init, hooks=[hook])
+        jm.MonitoredSession(summary_step, broken_init, hooks=[hook])
     key = os.path.abspath(tmp_path)
     try:
         assert key not in SummaryWriterCache._writers
@@ -460,7 +446,7 @@ def test_the_cache_gives_a_fresh_writer_after_the_last_handle_closed(tmp_path):
 def test_a_given_writer_gets_the_scalars_and_is_flushed_but_never_closed():
     writer = RecordingWriter()
     hook = jm.SummarySaverHook(save_steps=2, summary_writer=writer, hparams={"lr": 0.5})
-    run_session([hook], 5)
+    run_summaries([hook], 5)
     writes = [call for call in writer.calls if call[0] not in ("flush", "close")]
     loss, acc = expected_outputs([1, 2, 4], "mean")  # over steps 1, 1-2, 3-4
     assert loss == [2.0, 3.0, 7.0]  # 2 * 1, 2 * (1 + 2) / 2, 2 * (3 + 4) / 2
@@ -482,7 +468,7 @@ def test_values_are_written_one_run_late_or_at_sync(tmp_path):
     writer = jm.JsonlWriter(path)
     hook = jm.SummarySaverHook(save_steps=1, summary_writer=writer)
     try:
-        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+        with jm.MonitoredSession(summary_step, float_zero, hooks=[hook]) as sess:
             sess.run()
             _off_loop.wait()  # nothing queued on the report thread yet
             writer.flush()
@@ -510,95 +496,9 @@ def test_an_output_that_is_the_donated_state_is_still_read_one_run_late(tmp_path
 
 def test_writing_output_scalars_compiles_the_step_once(tmp_path):
     hook = jm.SummarySaverHook(save_steps=3, output_dir=tmp_path)
-    sess = run_session([hook], 20)
+    sess = run_summaries([hook], 20)
     assert sess.compile_count == 1
     assert [s for s, _ in scalars(events(tmp_path), "loss")] == [1, 3, 6, 9, 12, 15, 18]
-
-
-# -- the profiler ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("kwargs", [
-    {"output_dir": "x"},
-    {"save_steps": 1, "save_secs": 1.0, "output_dir": "x"},
-    {"save_steps": 1},
-    {"save_steps": 1, "output_dir": ""},
-])
-def test_profiler_hook_checks_its_arguments(kwargs):
-    with pytest.raises(ValueError):
-        jm.ProfilerHook(**kwargs)
-
-
-def stop_any_trace():
-    """Leaves no profiler trace running for the other tests, whatever a failed test left."""
-    try:
-        jax.profiler.stop_trace()
-    except RuntimeError:
-        pass  # none was running
-
-
-def traces(output_dir):
-    profile = output_dir / "plugins" / "profile"
-    return {name: sorted(p.name for p in (profile / name).iterdir()) for name in os.listdir(profile)}
-
-
-def test_profiler_save_steps_two_traces_steps_2_and_4(tmp_path):
-    hook = jm.ProfilerHook(save_steps=2, output_dir=tmp_path)
-    run_session([hook], 5)
-    assert hook.traced_steps == [2, 4]
-    found = traces(tmp_path)
-    assert sorted(found) == ["step_2", "step_4"]
-    assert all(any(name.endswith(".xplane.pb") for name in files) for files in found.values())
-
-
-def test_profiler_never_traces_the_first_step(tmp_path):
-    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
-    run_session([hook], 2)
-    assert hook.traced_steps == [2]
-    assert sorted(traces(tmp_path)) == ["step_2"]
-
-
-def test_profiler_save_secs_traces_when_two_seconds_have_passed(tmp_path):
-    clock = FakeClock(1000.0)
-    hook = jm.ProfilerHook(save_secs=2, output_dir=tmp_path, clock=clock)
-    with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
-        for offset in [0.0, 2.5, 2.6, 4.4, 4.5]:  # TF's test: traced at +2.5 and +4.5 only
-            clock.t = 1000.0 + offset
-            sess.run()
-    assert hook.traced_steps == [2, 5]
-    assert sorted(traces(tmp_path)) == ["step_2", "step_5"]
-
-
-def test_a_step_failing_while_traced_still_stops_and_keeps_the_trace(tmp_path):
-    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
-    try:
-        with pytest.raises(ValueError, match="scalar batch"):
-            with jm.MonitoredSession(checked_step, init_fn, hooks=[hook]) as sess:
-                sess.run(np.float32(0))
-                sess.run(np.zeros(2, np.float32))  # traced, and fails
-        assert hook.traced_steps == [2]
-        assert sorted(traces(tmp_path)) == ["step_2"]
-        # the profiler was stopped: a new trace can start
-        jax.profiler.start_trace(str(tmp_path / "again"))
-        jax.profiler.stop_trace()
-    finally:
-        stop_any_trace()
-
-
-def test_a_recovery_during_a_traced_run_does_not_break_the_session(tmp_path):
-    aborter = RecordingHook(raise_in={"before_run": (2, jm.AbortedError("preempted"))})
-    hook = jm.ProfilerHook(save_steps=1, output_dir=tmp_path)
-    try:
-        with jm.MonitoredSession(step, init_fn, hooks=[hook, aborter]) as sess:
-            for _ in range(3):
-                sess.run()  # run 2 starts a trace, then aborts; the session re-creates the state and retries
-        assert aborter.calls["after_create_session"] == 2
-        assert sess.step == 2
-        assert hook.traced_steps and all(f"step_{s}" in traces(tmp_path) for s in hook.traced_steps)
-        jax.profiler.start_trace(str(tmp_path / "again"))  # no trace left running
-        jax.profiler.stop_trace()
-    finally:
-        stop_any_trace()
 
 
 # -- the report thread ---------------------------------------------------------------------
@@ -612,7 +512,7 @@ def test_summaries_are_written_on_the_writers_thread_and_on_disk_at_close(tmp_pa
     threads, write = [], JsonlWriter.write_scalars
     monkeypatch.setattr(JsonlWriter, "write_scalars",
                         lambda self, *args: (threads.append(threading.current_thread().name), write(self, *args))[1])
-    run_session([jm.SummarySaverHook(save_steps=2, output_dir=tmp_path)], 6)
+    run_summaries([jm.SummarySaverHook(save_steps=2, output_dir=tmp_path)], 6)
     assert threads and set(threads) == {"jaxmon-report"}  # the loop only queued them
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 4, 6]
@@ -629,7 +529,7 @@ def test_a_summary_write_that_fails_on_the_writers_thread_stops_the_next_run(tmp
     monkeypatch.setattr(JsonlWriter, "write_scalars", full)
     hook = jm.SummarySaverHook(save_steps=2, output_dir=tmp_path)
     with pytest.raises(OSError, match="No space left on device") as raised:
-        with jm.MonitoredSession(step, init_fn, hooks=[hook]) as sess:
+        with jm.MonitoredSession(summary_step, float_zero, hooks=[hook]) as sess:
             for _ in range(6):
                 sess.run()
                 time.sleep(0.2)  # the report thread has written (and failed) before the next run
