@@ -10,6 +10,7 @@ folder, imports this one module as `helpers`; a child process that imports it ge
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pathlib
@@ -359,6 +360,40 @@ def run_summaries(hooks, runs, clock=None, dt=0.0):
             if clock is not None:
                 clock.t += dt
     return sess
+
+
+def read_events(logdir):
+    """The event files of `logdir` read by TensorBoard's own reader, every record kept."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def event_scalars(acc, tag):
+    """(step, value) of each scalar `tag` an `EventAccumulator` read."""
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def event_files(logdir):
+    """The names of the event files in `logdir`."""
+    return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
+
+
+def read_jsonl(path):
+    """The lines of a JSON-lines file (metrics.jsonl), each parsed."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def expected_outputs(steps, reduce):
+    """`summary_step`'s "loss" and "acc" as written at `steps`: the state after step t is
+    t, so loss = 2 t and acc = t / 10 (in float32); reduce="last" takes the write step's."""
+    picked = windows(steps) if reduce == "mean" else [np.array([s]) for s in steps]
+    loss = [float(np.mean(2.0 * np.float32(ts))) for ts in picked]
+    acc = [float(np.mean(np.float32(ts) / np.float32(10))) for ts in picked]
+    return loss, acc
 
 
 # -- the platform: child processes on the CPU, workloads sized per backend ------------------------
