@@ -7,6 +7,7 @@ the variable): a GPU's default, TF32, differs by ~1e-3 and the comparisons allow
 No process preallocates a GPU's memory.
 """
 
+import logging
 import os
 import shutil
 import signal
@@ -65,6 +66,13 @@ def pytest_runtest_setup(item):
     if item.get_closest_marker("needs_cpu") and not has_cpu_device():
         pytest.skip(f"needs a CPU device: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} leaves none "
                     "(unset, empty or naming cpu gives one)")
+
+
+@pytest.fixture
+def logs(caplog):
+    """`caplog` recording jaxmon's INFO lines and above."""
+    caplog.set_level(logging.INFO, logger="jaxmon")
+    return caplog
 
 
 def has_cpu_device() -> bool:

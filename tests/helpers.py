@@ -1,6 +1,7 @@
 """Small shared pieces for the tests: a recording hook, tiny step and init functions,
-endless data, what a mean over steps gives, a session run to its end, the environment of
-child JAX processes, and `jaxmon train` run as a user runs it.
+endless data, what a mean over steps gives, a session run to its end, fake clocks, the
+log lines hooks write, the environment of child JAX processes, and `jaxmon train` run as
+a user runs it.
 
 tests/ is on sys.path (pyproject.toml's `pythonpath`), so every test file, in whichever
 folder, imports this one module as `helpers`; a child process that imports it gets
@@ -9,9 +10,11 @@ folder, imports this one module as `helpers`; a child process that imports it ge
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +27,7 @@ import numpy as np
 import pytest
 
 import jaxmon as jm
+from jaxmon._ops import report_thread
 
 #: The test suite's folder, and the repository's (where `jaxmon train` runs from).
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -255,6 +259,141 @@ class RecordingWriter:
 
     def steps(self, tag="global_step/sec"):
         return [step for step, scalars in self.scalars if tag in scalars]
+
+
+class FakeTime:
+    """A clock that only moves when `sleep` is called (or `advance` by hand)."""
+
+    def __init__(self, start=0.0):
+        self.now = start
+        self.sleeps = []
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, secs):
+        self.sleeps.append(secs)
+        self.now += secs
+
+    def advance(self, secs):
+        self.now += secs
+
+
+# -- hooks in sessions: steps, runs and their log lines -----------------------------------------
+
+
+def float_count(state, batch):
+    """Adds 1. to a scalar float counter; outputs the new value as "value"."""
+    state = state + 1.0
+    return state, {"value": state}
+
+
+def float_loss_step(state, batch):
+    """A counter whose "loss" output is 1 / the new count, a float."""
+    state = state + 1
+    return state, {"loss": 1.0 / state.astype(jnp.float32)}
+
+
+def scaled_eval(state, batch):
+    """An eval_fn: "loss" the mean of state * x, "acc" the mean of x."""
+    return {"loss": (state * batch["x"]).mean(), "acc": batch["x"].mean()}
+
+
+#: Three eval batches of 4 rows, x = 1, 2 and 3.
+EQUAL_BATCHES = [{"x": np.ones((4,), np.float32) * k} for k in (1, 2, 3)]
+
+
+def run_n(sess, n, clock=None, dt=0.0, batch=None):
+    """Runs `sess` `n` times, moving `clock` (a FakeClock) on by `dt` after each run."""
+    for _ in range(n):
+        sess.run(batch)
+        if clock is not None:
+            clock.t += dt
+
+
+def info_lines(caplog, steps=None):
+    """The jaxmon INFO lines; a LoggingHook line's "step N: " prefix is checked (it must be
+    there) and taken off, its steps appended to `steps` when given; read once the report
+    thread has written every line queued so far."""
+    report_thread.wait()
+    lines = []
+    for r in caplog.records:
+        if r.name == "jaxmon" and r.levelno == logging.INFO:
+            message = r.getMessage()
+            if " = " in message:  # a LoggingHook line in the default format
+                match = re.match(r"step (\d+): (.*)", message)
+                assert match, message
+                if steps is not None:
+                    steps.append(int(match[1]))
+                message = match[2]
+            lines.append(message)
+    return lines
+
+
+def all_warnings(caplog):
+    """The messages of every log record at WARNING and above, of any logger, in order."""
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# -- summaries: a session of float outputs -------------------------------------------------------
+
+
+def summary_step(state, batch):
+    """A float counter s with outputs "loss" (2 s), "acc" (s / 10) and "vec" (3 entries of s)."""
+    state = state + 1.0
+    return state, {"loss": state * 2, "acc": state / 10, "vec": jnp.ones(3) * state}
+
+
+def checked_summary_step(state, batch):
+    """`summary_step` that fails (at trace time) for a batch other than a scalar."""
+    if jnp.ndim(batch) != 0:
+        raise ValueError("this step wants a scalar batch")
+    return summary_step(state, batch)
+
+
+def run_summaries(hooks, runs, clock=None, dt=0.0):
+    """Runs a session of `summary_step` with `hooks` for `runs` steps (advancing `clock` by
+    `dt` after each) and closes it; returns the session."""
+    with jm.MonitoredSession(summary_step, float_zero, hooks=hooks) as sess:
+        for _ in range(runs):
+            sess.run()
+            if clock is not None:
+                clock.t += dt
+    return sess
+
+
+def read_events(logdir):
+    """The event files of `logdir` read by TensorBoard's own reader, every record kept."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def event_scalars(acc, tag):
+    """(step, value) of each scalar `tag` an `EventAccumulator` read."""
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def event_files(logdir):
+    """The names of the event files in `logdir`."""
+    return sorted(name for name in os.listdir(logdir) if name.startswith("events.out.tfevents"))
+
+
+def read_jsonl(path):
+    """The lines of a JSON-lines file (metrics.jsonl), each parsed."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def expected_outputs(steps, reduce):
+    """`summary_step`'s "loss" and "acc" as written at `steps`: the state after step t is
+    t, so loss = 2 t and acc = t / 10 (in float32); reduce="last" takes the write step's."""
+    picked = windows(steps) if reduce == "mean" else [np.array([s]) for s in steps]
+    loss = [float(np.mean(2.0 * np.float32(ts))) for ts in picked]
+    acc = [float(np.mean(np.float32(ts) / np.float32(10))) for ts in picked]
+    return loss, acc
 
 
 # -- the platform: child processes on the CPU, workloads sized per backend ------------------------

@@ -96,3 +96,13 @@ def test_a_resumed_session_and_a_timer_without_first_have_no_opening():
     plain = Every(every_steps=10)
     plain.start(0)
     assert not resumed.opening(26) and not plain.opening(1)
+
+
+def test_timer_fires_once_per_interval_when_steps_jump():
+    timer = jm.SecondOrStepTimer(every_steps=10)
+    fired = []
+    for step in (5, 10, 15, 20, 25):
+        if timer.should_trigger_for_step(step):
+            timer.update_last_triggered_step(step)
+            fired.append(step)
+    assert fired == [5, 15, 25]

@@ -1,5 +1,5 @@
-"""Data in a session: per-process shards of ArrayDataSource, iterators without a position
-(`jm.ResumableIterator`), positions that are bytes, and batches the step cannot take."""
+"""Data in a session: iterators without a position (`jm.ResumableIterator`), positions
+that are bytes, and batches the step cannot take. (ArrayDataSource: tests/data/test_arrays.py.)"""
 
 from __future__ import annotations
 
@@ -21,42 +21,6 @@ from jaxmon._run.batches import BatchSource
 def add_x(state, batch):
     state = state * 1.5 + jnp.sum(batch["x"])  # the order of the batches changes the result
     return state, {"total": state}
-
-
-def test_array_data_source_shards_split_every_global_batch_into_equal_parts():
-    rows = {"x": np.arange(10)}
-    shards = [jm.ArrayDataSource(rows, 1, shard=(i, 3), num_epochs=1, shuffle=False) for i in range(3)]
-    seen = [[int(batch["x"][0]) for batch in shard] for shard in shards]
-    assert seen == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]  # global batches of 3 rows; row 9 left out
-    assert [shard.get_state() for shard in shards] == [{"epoch": 0, "index": 3, "seed": 0, "global_batch": 3}] * 3
-    process = jm.ArrayDataSource(rows, 2, shard="process")  # one process here: every row
-    assert process.shard == (0, 1) and process.num_rows == 10 and process.global_batch == 2
-
-
-def test_array_data_source_shards_resume_on_another_count_with_the_same_global_batches():
-    rows = {"x": np.arange(24)}
-    expected = [batch["x"] for batch, _ in zip(jm.ArrayDataSource(rows, 4, seed=3), range(8), strict=False)]
-    two = [jm.ArrayDataSource(rows, 2, shard=(i, 2), seed=3) for i in range(2)]
-    first = [np.concatenate([next(shard)["x"] for shard in two]) for _ in range(3)]
-    np.testing.assert_array_equal(first, expected[:3])
-    state = two[0].get_state()
-    assert state == two[1].get_state() == {"epoch": 0, "index": 3, "seed": 3, "global_batch": 4}
-    one, four = jm.ArrayDataSource(rows, 4, shard=(0, 1), seed=3), [
-        jm.ArrayDataSource(rows, 1, shard=(i, 4), seed=3) for i in range(4)]
-    for source in (one, *four):
-        source.set_state(state)
-    np.testing.assert_array_equal([next(one)["x"] for _ in range(5)], expected[3:])  # into the next epoch
-    np.testing.assert_array_equal([np.concatenate([next(shard)["x"] for shard in four]) for _ in range(5)],
-                                  expected[3:])
-
-
-def test_array_data_source_refuses_a_position_of_other_global_batches_and_a_bad_shard():
-    state = jm.ArrayDataSource({"x": np.arange(10)}, 2, shard=(0, 2)).get_state()
-    with pytest.raises(ValueError, match=r"batches of 4 rows .*\(2 rows x 1 shards\); for the same batches give "
-                                         r"batch_size=4\."):
-        jm.ArrayDataSource({"x": np.arange(10)}, 2, shard=(0, 1)).set_state(state)
-    with pytest.raises(ValueError, match=r"shard=\(2, 2\).*'process'"):
-        jm.ArrayDataSource({"x": np.arange(10)}, 1, shard=(2, 2))
 
 
 class Loader:

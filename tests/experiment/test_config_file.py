@@ -7,8 +7,6 @@ import pytest
 from helpers import ROOT
 
 import jaxmon as jm
-from jaxmon._base.errors import with_article
-from jaxmon._experiment.keys import get_key
 
 BASE = {
     "seed": 0,
@@ -118,19 +116,6 @@ def test_a_value_of_the_wrong_type_is_an_error_naming_key_and_type(override, nam
         jm.apply_overrides(BASE, [override])
     for name in names:
         assert name in str(error.value), str(error.value)
-
-
-@pytest.mark.parametrize("name, words", [("int", "an int"), ("list", "a list"), ("OrderedDict", "an OrderedDict"),
-                                         ("uint8", "a uint8"), ("UserDict", "a UserDict"), ("ellipsis", "an ellipsis")])
-def test_a_type_is_named_with_the_article_it_is_spoken_with(name, words):
-    assert with_article(name) == words
-
-
-def test_a_missing_or_mistyped_section_key_says_an_int():
-    with pytest.raises(jm.ConfigError, match=r"needs 'steps' \(an int\)"):
-        get_key({}, "steps", int)
-    with pytest.raises(jm.ConfigError, match="'steps' must be an int"):
-        get_key({"steps": "10"}, "steps", int)
 
 
 @pytest.mark.parametrize("override", ["steps", "=3", "--config.=3"])

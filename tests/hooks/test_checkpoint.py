@@ -1,5 +1,6 @@
 """CheckpointSaverHook and its listeners on real Orbax checkpoints: when it saves, what it
-keeps, what each checkpoint holds, and how save failures and other writers are handled.
+keeps, what each checkpoint holds, and how save failures are handled (one writer per
+directory: tests/checkpoints/test_manager.py).
 
 jaxmon's mapping of TF's save points: the step is a host int owned by the session; the
 hook saves at session creation (step 0), then every N steps or seconds, then at `end`
@@ -10,17 +11,13 @@ from __future__ import annotations
 
 import math
 import os
-import select
-import subprocess
-import sys
-import textwrap
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FakeClock, count_step, cpu_env, float_zero, zero
+from helpers import FakeClock, count_step, float_zero, zero
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps
@@ -115,13 +112,6 @@ def test_save_steps_saves_at_creation_then_every_n_steps(tmp_path):
         assert np.asarray(restored.state).dtype == np.int32
     assert jm.latest_checkpoint_step(directory) == 5
     assert int(jm.restore_checkpoint(directory, like=zero()).state) == 5  # default: the latest
-
-
-def test_a_restore_of_one_step_directory_and_without_like(tmp_path):
-    directory = tmp_path / "ckpt"
-    train([jm.CheckpointSaverHook(directory, save_steps=3)], last_step=3)
-    restored = jm.restore_checkpoint(os.path.join(directory, "3"))  # a step's own directory
-    assert restored.step == 3 and int(np.asarray(restored.state)) == 3
 
 
 # -- saves by seconds, with a fake clock -----------------------------------------------------
@@ -423,72 +413,6 @@ def test_the_metadata_of_a_checkpoint(tmp_path):
     for _ in range(8):
         next(reference)
     np.testing.assert_array_equal(next(resumed)["x"], next(reference)["x"])
-
-
-def test_a_config_that_json_cannot_write_raises_type_error_naming_it(tmp_path):
-    with pytest.raises(TypeError, match="config"):
-        jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(tmp_path / "ckpt", save_steps=1)],
-                            config={"array": np.zeros(2)})
-    assert complete_steps(tmp_path / "ckpt") == []
-
-
-# -- one writer per directory -------------------------------------------------------------
-
-
-def test_a_second_writer_in_this_process_is_refused_until_the_first_closes(tmp_path):
-    directory = tmp_path / "ckpt"
-    first = jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(directory, save_steps=1)])
-    try:
-        first.run()
-        with pytest.raises(RuntimeError) as info:
-            jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(directory, save_steps=1)])
-        assert os.fspath(directory) in str(info.value) and f"pid {os.getpid()}" in str(info.value)
-        first.run()  # the refused writer took nothing from the first one
-    finally:
-        first.close()
-    assert complete_steps(directory) == [0, 1, 2]
-    hook = jm.CheckpointSaverHook(directory, save_steps=1)
-    sess = train([hook], last_step=3)  # after the first closed, a new writer works (and resumes)
-    assert sess.step == 3 and hook.saved_steps == [3] and complete_steps(directory) == [0, 1, 2, 3]
-
-
-CHILD = textwrap.dedent("""
-    import os, sys, time
-    import jax.numpy as jnp
-    import jaxmon as jm
-    sess = jm.MonitoredSession(lambda s, b: (s + 1, {}), lambda: jnp.zeros(()),
-                               hooks=[jm.CheckpointSaverHook(sys.argv[1], save_steps=1)])
-    print("ready", os.getpid(), flush=True)
-    time.sleep(120)
-""")
-
-
-def test_a_directory_held_by_another_process_is_refused(tmp_path):
-    directory = tmp_path / "ckpt"
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    child = subprocess.Popen([sys.executable, str(script), str(directory)], env=cpu_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        line = ""
-        while not line.startswith("ready"):
-            remaining = deadline - time.monotonic()
-            assert remaining > 0 and child.poll() is None, f"the child did not get ready (rc={child.poll()})"
-            if select.select([child.stdout], [], [], remaining)[0]:
-                line = child.stdout.readline()
-        assert line.split() == ["ready", str(child.pid)]
-        with pytest.raises(RuntimeError) as info:
-            jm.MonitoredSession(count_step, zero, hooks=[jm.CheckpointSaverHook(directory, save_steps=1)])
-        assert f"pid {child.pid}" in str(info.value) and os.fspath(directory) in str(info.value)
-    finally:
-        child.kill()
-        child.wait(30)
-        child.stdout.close()
-    # the OS dropped the lock of the killed writer: a new one works
-    hook = jm.CheckpointSaverHook(directory, save_steps=1)
-    sess = train([hook], last_step=1, init_fn=lambda: jnp.zeros(()))
-    assert sess.step == 1 and 1 in complete_steps(directory)
 
 
 # -- failed saves -------------------------------------------------------------------------

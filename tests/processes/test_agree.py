@@ -4,7 +4,6 @@ are in tests/end_to_end/test_multiprocess.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -174,59 +173,6 @@ def test_an_error_held_at_close_is_raised_there_and_the_peer_gets_a_peer_error(p
 def test_agree_every_n_steps_must_be_a_positive_int():
     with pytest.raises(ValueError, match="agree_every_n_steps must be an int >= 1; got 0"):
         jm.MonitoredSession(lambda s, b: (s, {}), lambda: np.zeros(()), agree_every_n_steps=0)
-
-
-def test_a_process_slower_than_the_median_at_three_agreements_in_a_row_is_named_once(caplog, tmp_path):
-    from jaxmon._processes.stragglers import Stragglers
-
-    stragglers = Stragglers()
-    with caplog.at_level("WARNING", logger="jaxmon"):
-        for step in range(16, 16 * 8, 16):
-            stragglers.agreed(step, [0.004, 0.004, 0.030, 0.005], summary_dir=str(tmp_path))
-        stragglers.agreed(200, [0.004, 0.004, 0.004, 0.005])  # caught up
-    said = [r.getMessage() for r in caplog.records]
-    assert said == ["Process 2 is a straggler: 30.0 ms of host time per step, 7.5x the median of the other 3 "
-                    "processes (4.0 ms), at the last 3 agreements up to step 48; the others wait for it."], said
-    jm.SummaryWriterCache.clear()
-    [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert record["step"] == 48 and record["stragglers/slowest_process"] == 2.0
-    assert record["stragglers/process_2_ms_per_step"] == pytest.approx(30.0)
-
-
-def test_noise_below_two_milliseconds_per_step_is_no_straggler(caplog):
-    from jaxmon._processes.stragglers import Stragglers
-
-    stragglers = Stragglers()
-    with caplog.at_level("WARNING", logger="jaxmon"):
-        for step in range(10):
-            stragglers.agreed(step, [0.0001, 0.0009])  # 9x, but only 0.8 ms more
-    assert not caplog.records
-
-
-def test_of_two_processes_the_one_slower_than_the_other_is_named_and_equal_ones_never(caplog):
-    from jaxmon._processes.stragglers import Stragglers
-
-    stragglers = Stragglers()
-    with caplog.at_level("WARNING", logger="jaxmon"):
-        for step in range(0, 160, 16):
-            stragglers.agreed(step, [0.005, 0.005])
-        for step in range(160, 208, 16):
-            stragglers.agreed(step, [0.005, 0.011])  # 2.2x: with a median of both, never more than 2x
-    assert [r.getMessage() for r in caplog.records] == [
-        "Process 1 is a straggler: 11.0 ms of host time per step, 2.2x the median of the other process (5.0 ms), "
-        "at the last 3 agreements up to step 192; the others wait for it."]
-
-
-def test_a_process_s_host_time_leaves_out_its_hooks_events(monkeypatch):
-    """The chief runs hooks the others do not (summaries, logs): their seconds are not slowness."""
-    from jaxmon._processes import stragglers as module
-
-    clock = [100.0]
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
-    stragglers = module.Stragglers()
-    stragglers.agreed(16, [0.001, 0.001], hook_secs=2.0)  # 2 s of hooks before this agreement
-    clock[0] += 0.5  # 16 steps: 0.1 s of its own work, 0.4 s in its hooks' events
-    assert stragglers.measure(32, hook_secs=2.4) == pytest.approx(0.1 / 16)
 
 
 def test_a_peer_s_roll_back_restores_this_process_too_and_both_go_on(peers):

@@ -16,7 +16,7 @@ from helpers import FakeClock, RecordingHook, events
 
 import jaxmon as jm
 from jaxmon._base.fetches import Wanted
-from jaxmon._run.hook_runner import QUIET, Call, HookRunner, RunPlan, RunResult
+from jaxmon._run.hook_runner import QUIET, Call, HookRunner, RunResult
 
 OUTPUTS = {"loss": jnp.float32(0.5)}
 
@@ -552,10 +552,3 @@ def test_after_read_goes_to_each_hook_under_its_policy(caplog):
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         HookRunner([a, b]).after_read(5, [(a, {"m": 1.0}), (b, {"m": 2.0})])
     assert got == [(5, {"m": 1.0}), (5, {"m": 2.0})] and "after_read failed at step 5" in caplog.text
-
-
-def test_a_plan_is_an_immutable_tuple_of_calls():
-    plan = RunPlan.of(None, (Call(jm.Hook()),))
-    with pytest.raises(AttributeError):
-        plan.calls = ()
-    assert QUIET == RunPlan(None) and QUIET.calls == () and QUIET.feeds == ()

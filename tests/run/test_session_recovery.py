@@ -6,7 +6,6 @@ import pytest
 from helpers import RecordingHook, count_step, zero
 
 import jaxmon as jm
-from jaxmon._base.errors import is_recoverable
 
 
 @pytest.mark.parametrize("error", [jm.AbortedError, jm.UnavailableError])
@@ -32,13 +31,6 @@ def test_a_failing_init_fn_is_retried_at_creation():
 
     sess = jm.MonitoredSession(count_step, init_fn)
     assert len(calls) == 2 and sess.step == 0 and int(sess.state) == 0
-
-
-def test_jax_runtime_errors_with_aborted_or_unavailable_status_are_recoverable():
-    assert is_recoverable(jax.errors.JaxRuntimeError("ABORTED: peer restarted"))
-    assert is_recoverable(jax.errors.JaxRuntimeError("UNAVAILABLE: connection reset"))
-    assert not is_recoverable(jax.errors.JaxRuntimeError("INTERNAL: something else"))
-    assert not is_recoverable(RuntimeError("ABORTED but not from the runtime"))
 
 
 def test_a_jax_runtime_abort_inside_the_step_is_recovered():
