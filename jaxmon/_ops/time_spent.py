@@ -30,6 +30,7 @@ class TimeSpent:
     def __init__(self) -> None:
         self.start, self.started = time.time(), time.perf_counter()
         self.secs = dict.fromkeys(("compile", "init", "restore", "checkpoint", "data", "evaluation", "hooks"), 0.0)
+        self._timings = {category: Timing(self.secs, category) for category in self.secs}  # made once: runs time "data"
         #: How many steps a recovery or roll-back made this session run again.
         self.redone_steps = 0
 
@@ -38,8 +39,9 @@ class TimeSpent:
         self.redone_steps += max(0, step - to)
 
     def timing(self, category: str) -> Timing:
-        """A `with` block whose wall seconds go to `category` (`with spent.timing("data"):`)."""
-        return Timing(self.secs, category)
+        """A `with` block whose wall seconds go to `category` (`with spent.timing("data"):`;
+        one block of a category at a time: no part nests a category in itself)."""
+        return self._timings[category]
 
     def elapsed(self) -> float:
         """Wall seconds since the session was made."""
@@ -53,15 +55,15 @@ class TimeSpent:
 
 class Timing:
     """A `with` block timed into one category of a session's seconds (`category`, which
-    the block may change); `secs`, once it ended, is the block's own."""
+    the block may change for itself); `secs`, once it ended, is the block's own."""
 
-    __slots__ = ("_into", "category", "_started", "secs")
+    __slots__ = ("_into", "_default", "category", "_started", "secs")
 
     def __init__(self, into: dict[str, float], category: str):
-        self._into, self.category, self._started, self.secs = into, category, 0.0, 0.0
+        self._into, self._default, self.category, self._started, self.secs = into, category, category, 0.0, 0.0
 
     def __enter__(self) -> Timing:
-        self._started = time.perf_counter()
+        self.category, self._started = self._default, time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:

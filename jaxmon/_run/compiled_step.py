@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 import inspect
 import logging
@@ -28,7 +27,6 @@ from jaxmon._run.scan_unroll import canonical_convolutions, convolves, dynamic_l
 logger = logging.getLogger("jaxmon")
 #: How long each compilation took (INFO), under its own name so that it can be silenced.
 compile_log = logging.getLogger("jaxmon.compile")
-_UNTIMED = contextlib.nullcontext()
 
 #: More compiled variants than this suggests a fetch set that changes every run.
 VARIANT_WARNING = 8
@@ -205,9 +203,10 @@ class CompiledStep:
                 return self._step_by_step(key, state, batch, program_steps, carry)  # while its program compiles
             first = self._ahead.pop((key, program_steps), None) is not None  # its first call: compile time
             try:
-                with self._spent.timing("compile") if first else _UNTIMED:
-                    if first:
-                        ahead.result()  # the rest of its compilation, if the background is not done yet
+                if not first:
+                    return variant(*arguments)
+                with self._spent.timing("compile"):
+                    ahead.result()  # the rest of its compilation, if the background is not done yet
                     return variant(*arguments)  # the first call traces it again: JAX's caches hold the program
             except TypeError:  # JAX refused an argument: say which batch key, if it is the batch
                 check_batch(batch, step + 1)

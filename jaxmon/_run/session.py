@@ -168,9 +168,17 @@ class MonitoredSession:
         """The run, taking its batch from `data` if none is given; after a recoverable
         error, the state re-created and the run tried again, up to `max_recoveries` times."""
         from_data = take = batch is None and self._batches.has_data
-        error = None
-        for attempt in range(self._life.max_recoveries + 1):
-            if error is not None:
+        attempt = 0
+        while True:
+            try:
+                if take:
+                    batch, take = self._batches.next(self._step), False
+                return self._run_once(batch, fetches, wanted)
+            except Exception as error:
+                if (isinstance(error, StopIteration) or not _errors.is_recoverable(error)
+                        or attempt == self._life.max_recoveries):
+                    raise
+                attempt += 1
                 logger.warning("Recovering from %r (attempt %d of %d): re-creating the state.",
                                error, attempt, self._life.max_recoveries)
                 if isinstance(error, _errors.RollbackError):
@@ -178,15 +186,6 @@ class MonitoredSession:
                 self._life.create(self._created, recovering=error)
                 # A batch in hand is past the restored data position: take the next one.
                 take = take or (from_data and self._life.data_rewound)
-            try:
-                if take:
-                    batch, take = self._batches.next(self._step), False
-                return self._run_once(batch, fetches, wanted)
-            except Exception as raised:
-                if isinstance(raised, StopIteration) or not _errors.is_recoverable(raised):
-                    raise
-                error = raised
-        raise error
 
     def _run_once(self, batch: Any, fetches: Any, wanted: dict | None) -> Any:
         """One run: the awake hooks' `before_run`s as one plan, one dispatch, the `after_run`s."""
