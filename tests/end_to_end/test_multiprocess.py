@@ -379,7 +379,8 @@ def main_run(tmp_path_factory):
     workers = Workers(tmp_path_factory.mktemp("multiprocess"), scenarios)
     try:
         # Both step in lockstep; process 1 is well into the last session's training.
-        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=150)
+        # Sixteen sessions first: ~35 s at load 5, 95 s in a loaded suite; 300 s is a hang.
+        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=300)
         signalled = time.monotonic()
         workers.processes[1].send_signal(signal.SIGTERM)
         rcs = [workers.wait(i, timeout=30) for i in (1, 0)]
@@ -648,7 +649,7 @@ def quiet_sigterm_run(tmp_path_factory):
     step 20. Gives the workers, exited, with `rcs` and `exit_secs`."""
     workers = Workers(tmp_path_factory.mktemp("sigterm_quiet"), ["sigterm_quiet"])
     try:
-        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=120)
+        workers.wait_for_line(1, lambda line: line == "STEP 20", timeout=240)
         signalled = time.monotonic()
         workers.processes[1].send_signal(signal.SIGTERM)
         workers.rcs = [workers.wait(i, timeout=30) for i in (0, 1)]
@@ -682,7 +683,7 @@ def die_runs(tmp_path_factory):
     try:
         runs = {}
         for scenario, workers in launches.items():
-            died = workers.wait_for_line(1, lambda line, s=scenario: line == f"DYING at {DIE_STEP[s]}", timeout=120)
+            died = workers.wait_for_line(1, lambda line, s=scenario: line == f"DYING at {DIE_STEP[s]}", timeout=240)
             rc1 = workers.wait(1, timeout=30)
             try:
                 rc0 = workers.processes[0].wait(timeout=max(1.0, died + 40 - time.monotonic()))
