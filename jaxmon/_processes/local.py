@@ -11,10 +11,11 @@ errors shown too, after `[process i]`.
 
 When a child fails (an exit code other than 0, or a signal), the launcher stops the
 others (SIGTERM, then SIGKILL after `GRACE_SECS`) and exits with that child's code
-(128 + the signal for a killed one); one that only lost its peer (exit 75) waits up to
-`CAUSE_SECS` for the peer to end, which is then the one named. Ctrl-C or SIGTERM to the launcher sends SIGTERM to
-every child: they save at the step they agree on and stop, and the launcher exits 130
-(Ctrl-C) or 143; a second one kills them at once.
+(128 + the signal for a killed one); while the only children that failed lost their
+peer (exit 75), it gives the others `CAUSE_SECS` to end, and names the one that died.
+Ctrl-C or SIGTERM to the launcher sends SIGTERM to every child: they save at the step
+they agree on and stop, and the launcher exits 130 (Ctrl-C) or 143; a second one kills
+them at once.
 """
 
 from __future__ import annotations
