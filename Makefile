@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test test-gpu wheels train lint bench bench-peers clean
+.PHONY: install test test-loaded test-gpu wheels train lint bench bench-peers clean
 
 install: $(STAMP)
 
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 # Two workers, a test file each at a time (a file's tests share its compiled fixtures):
 # most tests wait on child processes, so two keep two cores busy. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PYTEST)
+
+# The same suite with two CPU-bound processes beside it (a busy machine), which .ci/loaded.py
+# starts and stops however the suite ends: the timing of no test may depend on a quiet machine.
+test-loaded: $(STAMP)
+	$(PY) .ci/loaded.py $(PYTEST)
 
 # The suite on a GPU machine whose python3 has jax (CUDA), flax, optax, orbax, pytest,
 # pytest-xdist, tensorboard and pyyaml but no network (no .venv there), on JAX's default

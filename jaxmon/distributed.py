@@ -55,8 +55,8 @@ logger = logging.getLogger("jaxmon")
 PEER_LOST_EXIT_CODE = _agree.PEER_LOST_EXIT_CODE
 
 #: Seconds JAX's coordination client, once it reports a failure, leaves a main thread that
-#: has raised `PeerError` already to end the process its own way.
-GRACE_SECS = 10.0
+#: has raised `PeerError` already to end the process its own way (and the other way round).
+GRACE_SECS = _agree.END_GRACE_SECS
 
 #: The attribute of `jax._src.distributed` that makes JAX's coordination client (jaxlib's module).
 _CLIENT_MODULE = "_jax"
@@ -245,8 +245,9 @@ def _coordination_failed(*status: Any) -> None:
     """What JAX's coordination client calls, on its own thread, when the service reports
     an error (another process died or stopped answering) or is gone (the coordinator
     died): one line on stderr, then exit code 75. A main thread that raised `PeerError`
-    already is given `GRACE_SECS` to end the process itself first."""
-    if _agree.peer_lost():
+    already is given `GRACE_SECS` to end the process itself first; one that raises it
+    after this began waits for this to end the process (`_agree.claim_end`)."""
+    if not _agree.claim_end("client"):
         time.sleep(GRACE_SECS)
     detail = f" ({' '.join(str(status[0]).split())[:300]})" if status else ""
     line = _agree.failure_line

@@ -55,6 +55,19 @@ jax.config.update("jax_default_matmul_precision", "float32")
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_cpu: skipped where this process has no CPU device "
                             "(JAX_PLATFORMS=cuda, say), e.g. for jax.debug.callback's host side")
+    # pytest-xdist's `--dist loadfile` hands out the files with the most tests first, which
+    # leaves the files of a few long tests (several JAX processes, minutes) to the end: one
+    # worker runs them while the other has nothing left. The files go out in the order
+    # collected instead, the heavy ones first (`pytest_collection_modifyitems`).
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with a `slow` or `processes` test first (each file's tests together and in
+    their order): with two workers taking a file at a time, the light files come last and
+    fill the time until the other worker's last heavy file ends."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("processes")}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 def pytest_unconfigure(config):

@@ -216,6 +216,23 @@ def step_times(step, state, batch, times=3):
     return seconds
 
 
+def dispatch_secs(sess, below, runs=5, tries=2):
+    """The seconds of `runs` calls of `sess.run()`, the device idle at the start: the least
+    of up to `tries`, each tried again only while not `below` seconds (a try that the
+    machine's load slowed down is not what dispatching takes, as `step_times`' least is
+    what a step takes)."""
+    least = float("inf")
+    for _ in range(tries):
+        jax.block_until_ready(sess.state)
+        start = time.perf_counter()
+        for _ in range(runs):
+            sess.run()
+        least = min(least, time.perf_counter() - start)
+        if least < below:
+            break
+    return least
+
+
 class FakeClock:
     """A clock for hooks' `clock=`: returns `t`, which tests move by hand."""
 

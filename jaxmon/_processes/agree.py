@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -99,11 +100,31 @@ _lost = [False]
 #: How the one line starts that ends a process whose coordination service failed (see
 #: `jaxmon.distributed`): the command's own prefix, and where the process is in the run.
 failure_line = {"prefix": "jaxmon: ", "where": ""}
+#: Seconds the one that did not claim the end of a process that lost a peer waits for the
+#: one that did to end it (see `claim_end`).
+END_GRACE_SECS = 10.0
+_ender: list[str] = []
+_ender_lock = threading.Lock()
+
+
+def claim_end(who: str) -> bool:
+    """Whether `who` ends this process after a lost peer, with its one last line: the
+    first to ask, of "session" (a `PeerError` raised to the command) and "client" (JAX's
+    coordination client, on its own thread). Two that both wrote a last line at once
+    would each point stderr at the null device before writing: the second would write
+    there, and if it ended the process first, no line would be left."""
+    with _ender_lock:
+        if not _ender:
+            _ender.append(who)
+        return _ender[0] == who
 
 
 def _peer_lost(message: str) -> PeerError:
     """A `PeerError(lost=True)`, this process marked as one that lost a peer: at exit it
-    leaves without JAX's shutdown barrier (see `_leave`)."""
+    leaves without JAX's shutdown barrier (see `_leave`). Where JAX's client is ending the
+    process already, it is given `END_GRACE_SECS` to finish first."""
+    if not claim_end("session"):
+        time.sleep(END_GRACE_SECS)
     if not _lost[0]:
         _lost[0] = True
         atexit.register(_leave)  # registered last, so run first: before JAX's own shutdown

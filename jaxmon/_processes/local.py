@@ -11,9 +11,11 @@ errors shown too, after `[process i]`.
 
 When a child fails (an exit code other than 0, or a signal), the launcher stops the
 others (SIGTERM, then SIGKILL after `GRACE_SECS`) and exits with that child's code
-(128 + the signal for a killed one). Ctrl-C or SIGTERM to the launcher sends SIGTERM to
-every child: they save at the step they agree on and stop, and the launcher exits 130
-(Ctrl-C) or 143; a second one kills them at once.
+(128 + the signal for a killed one); while the only children that failed lost their
+peer (exit 75), it gives the others `CAUSE_SECS` to end, and names the one that died.
+Ctrl-C or SIGTERM to the launcher sends SIGTERM to every child: they save at the step
+they agree on and stop, and the launcher exits 130 (Ctrl-C) or 143; a second one kills
+them at once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ __all__ = ["GRACE_SECS", "LEVEL_NAMES", "launch", "processes_option", "run_proce
 #: Seconds a child has to end after SIGTERM, once another child failed, before SIGKILL. Short: without
 #: its peer a child cannot save, and one waiting in a collective or a save's barrier never ends alone.
 GRACE_SECS = 5.0
+
+#: Seconds the launcher waits, when the only children that failed so far lost a peer (exit
+#: 75), for the peer that died to end too: a killed JAX process takes a moment to end (its
+#: threads, under load), and its peer may notice first. The launcher then names the death.
+CAUSE_SECS = 1.0
 
 #: Set in the environment of processes 1.. : their log lines carry their level, which
 #: tells the launcher the warnings and errors to show.
@@ -216,7 +223,7 @@ class _Children:
         """Waits until every child has ended, stopping the others when one fails and
         passing on the launcher's signals; returns (the failed child, the signal that
         stopped the launcher), each None if none."""
-        failed = stopped_by = kill_at = None
+        failed = stopped_by = kill_at = lost_at = None
         while True:
             codes = [process.poll() for process in self._processes]
             ended = all(code is not None for code in codes)
@@ -231,6 +238,11 @@ class _Children:
                     self._send(signal.SIGKILL)
             if failed is None and stopped_by is None:
                 failures = [(_blame(code), i) for i, code in enumerate(codes) if code not in (None, 0)]
+                if failures and not ended and min(failures)[0] == _ONLY_LOST_A_PEER:
+                    if lost_at is None:
+                        lost_at = time.monotonic()
+                    if time.monotonic() < lost_at + CAUSE_SECS:  # the peer it lost is ending too: the cause
+                        failures = []
                 if failures:  # the likeliest cause when several ended in one poll
                     failed = min(failures)[1]
                     self._send(signal.SIGTERM)
@@ -285,7 +297,10 @@ def _blame(code: int) -> int:
 
     if code < 0:
         return 0 if code == -signal.SIGKILL else 1
-    return 3 if code == PEER_LOST_EXIT_CODE else 2
+    return _ONLY_LOST_A_PEER if code == PEER_LOST_EXIT_CODE else 2
+
+
+_ONLY_LOST_A_PEER = 3  # `_blame` of a child that only lost its peer
 
 
 def _signal_name(signum: int) -> str:

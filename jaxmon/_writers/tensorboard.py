@@ -34,8 +34,11 @@ class TensorBoardWriter:
     def __init__(self, logdir: str | os.PathLike):
         self.logdir = os.fspath(logdir)
         os.makedirs(self.logdir, exist_ok=True)
-        # A unique suffix: two writers opened in one second must not share a file name.
-        self._events = EventFile(self.logdir, f".{os.getpid()}.{next(_FILE_NUMBERS)}")
+        # A unique suffix: two writers opened in one second must not share a file name, and
+        # their names sort in the order they were opened (TensorBoard reads a directory's
+        # files in name order: a restart's file read before the killed run's would put the
+        # killed run's events after the restart's), hence the fixed width: ".9" > ".10".
+        self._events = EventFile(self.logdir, f".{os.getpid()}.{next(_FILE_NUMBERS):06d}")
         self._clean_after: int | None = None  # the files hold no event after this step (the marker aside)
 
     def _write(self, step: int, values: Sequence[Any]) -> None:

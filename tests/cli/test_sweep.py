@@ -168,7 +168,7 @@ def test_a_2_by_2_grid_of_the_lm_config_writes_4_runs_a_table_and_one_plot(tmp_p
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a point's process ends with the sweep's on Linux")
 def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(tmp_path):
-    args = ["--config", DEFAULT, "--workdir", tmp_path, "--grid", "seed=0,1,2", "--config.steps=1000"]
+    args = ["--config", DEFAULT, "--workdir", tmp_path, "--grid", "seed=0,1,2", "--config.steps=300"]
     first = sweep(*args, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -179,8 +179,8 @@ def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(t
         os.killpg(first.pid, signal.SIGKILL)
     finally:
         first.communicate(timeout=60)
-    assert jm.latest_checkpoint_step(tmp_path / "seed=0") == 1000
-    assert jm.latest_checkpoint_step(tmp_path / "seed=1") < 1000 and not (tmp_path / "seed=2").exists()
+    assert jm.latest_checkpoint_step(tmp_path / "seed=0") == 300
+    assert jm.latest_checkpoint_step(tmp_path / "seed=1") < 300 and not (tmp_path / "seed=2").exists()
     finished = (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns
     rerun = sweep(*args)
     out, err = rerun.communicate(timeout=600)
@@ -188,5 +188,5 @@ def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(t
     assert "[1/3] seed=0: finished already" in out
     assert "[2/3] seed=1: training" in out and "[3/3] seed=2: training" in out
     assert (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == finished  # not trained again
-    assert all(jm.latest_checkpoint_step(tmp_path / f"seed={seed}") == 1000 for seed in range(3))
+    assert all(jm.latest_checkpoint_step(tmp_path / f"seed={seed}") == 300 for seed in range(3))
     assert len(json.loads((tmp_path / "sweep.json").read_text())) == 3

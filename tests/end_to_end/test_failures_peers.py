@@ -82,6 +82,43 @@ def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
         assert lines[-1] == "jaxmon train: PeerError: the last line", lines[-3:]
         assert "nothing after it" not in done.stderr
 
+
+BOTH_END_IT = """
+import os, threading, time
+from jaxmon import distributed
+from jaxmon._cli import signals as _cli_signals
+from jaxmon._processes import agree
+
+real_sleep = time.sleep
+
+def sleep(secs):  # JAX's client thread, starved under load, wakes long after its 50 ms
+    real_sleep(secs * 20 if threading.current_thread().name == "client" else secs)
+
+time.sleep = sleep
+threading.Thread(target=distributed._coordination_failed, name="client", daemon=True).start()
+while os.path.realpath("/proc/self/fd/2") != os.devnull:  # the client is writing its line
+    real_sleep(0.001)
+try:  # meanwhile the main thread's collective fails, and it ends the process as `jaxmon train` does
+    raise agree._peer_lost("A collective of step 21 failed: another JAX process stopped answering.")
+except agree.PeerError as error:
+    _cli_signals.write_last_line(f"jaxmon train: PeerError: {error}\\n")
+    os._exit(error.exit_code)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd/2"), reason="reads where stderr points in /proc")
+def test_a_survivor_that_both_of_its_threads_end_says_one_line():
+    """The coordinator died: JAX's client (its own thread) and the main thread's failed
+    collective each end the survivor with a line. The one that starts first says it; a
+    second one that wrote too would find stderr pointed at the null device already, and
+    ending the process first, leave it with no line at all."""
+    done = subprocess.run([sys.executable, "-c", BOTH_END_IT], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=cpu_env())
+    assert done.returncode == 75, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("jaxmon: PeerError: JAX's coordination service reports a failure"), lines
+    assert sum("PeerError" in line for line in lines) == 1, lines
+
 # -- two processes ----------------------------------------------------------------------------------
 
 
@@ -167,6 +204,7 @@ def test_a_killed_peer_ends_the_other_with_75_and_one_line_and_both_resume_exact
           f"{survivor.returncode}")
     assert survivor.returncode == _agree.PEER_LOST_EXIT_CODE, err[-3000:]
     lines = (out + err).strip().splitlines()
+    assert err.strip(), f"no line on the survivor's stderr; its stdout: {out[-3000:]}"
     last = err.strip().splitlines()[-1]
     assert last.startswith("jaxmon train: PeerError: "), err[-3000:]
     assert "stopped answering" in last and "stops too" in last, last

@@ -71,8 +71,11 @@ def assert_stopped(result, signum):
 # -- during start-up: nothing to save ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-@pytest.mark.parametrize("delay", [0.2, 0.5, 0.8, 1.2, 2.0])
+# From the imports (JAX: a second or more) to the session's creation, each signal early and late:
+# both go through the same start-up handler, so each delay is tried with one of them.
+@pytest.mark.parametrize(("delay", "signum"), [(0.2, signal.SIGINT), (0.5, signal.SIGTERM), (0.8, signal.SIGINT),
+                                               (1.2, signal.SIGTERM), (2.0, signal.SIGINT)],
+                         ids=["0.2-ctrl-c", "0.5-sigterm", "0.8-ctrl-c", "1.2-sigterm", "2.0-ctrl-c"])
 def test_a_signal_during_start_up_exits_130_or_143_in_one_line(tmp_path, signum, delay):
     process = start(tmp_path / "run", "--config.steps=5000")  # still training when the signal comes
     wait_for_the_handlers(process)

@@ -121,12 +121,21 @@ def assert_same(points, expected):
         assert points[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-6)), key
 
 
-@pytest.mark.parametrize("checkpoint, step", [(20, 23), (30, 30)])
-def test_a_run_killed_after_checkpoint_n_and_resumed_is_the_uninterrupted_run(tmp_path, checkpoint, step):
-    script = tmp_path / "train.py"
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    """The run never interrupted: (its directory, its output)."""
+    directory = tmp_path_factory.mktemp("whole")
+    script = directory / "train.py"
     script.write_text(SCRIPT)
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    uninterrupted = train(script, whole)
+    return directory / "run", train(script, directory / "run")
+
+
+@pytest.mark.parametrize("checkpoint, step", [(20, 23), (30, 30)])
+def test_a_run_killed_after_checkpoint_n_and_resumed_is_the_uninterrupted_run(tmp_path, uninterrupted_run, checkpoint,
+                                                                              step):
+    whole, uninterrupted = uninterrupted_run
+    script, cut = tmp_path / "train.py", tmp_path / "cut"
+    script.write_text(SCRIPT)
     kill_after_checkpoint(script, cut, checkpoint, step)
     assert jm.latest_checkpoint_step(cut) == checkpoint
     resumed = train(script, cut)

@@ -138,6 +138,14 @@ FAKE = textwrap.dedent('''
     print(f"process {i} of {count} at {os.environ['JAX_COORDINATOR_ADDRESS']} on {os.environ['JAX_PLATFORMS']}")
     print(f"12:00:00{' INFO' if i else ''} an info line of {i}", file=sys.stderr)
     print(f"I1125 12:00:00.000000 {os.getpid()} cc:1] a C++ info line of {i}", file=sys.stderr)
+    if mode == "lost":  # process 1 is killed; its peer notices (exit 75) before its end shows
+        if i == 0:
+            while not os.path.exists(os.path.join(ready, "ready-1")):
+                time.sleep(0.01)
+            sys.exit(75)
+        open(os.path.join(ready, "ready-1"), "w").close()
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
     if mode == "fail" and i == 1:  # once process 0 ignores SIGTERM
         while not os.path.exists(os.path.join(ready, "ready-0")):
             time.sleep(0.01)
@@ -210,6 +218,14 @@ def test_a_failed_child_stops_the_others_and_gives_its_code(fake, tmp_path, capf
     assert f"jaxmon train: process 1 of 2 exited with code 3 (its log is {log}); the other processes were " \
            "stopped.\n" in err
     assert "12:00:01 WARNING process 1 fails" in log.read_text()
+
+
+def test_a_child_that_lost_its_peer_first_does_not_hide_the_peers_death(fake, tmp_path, capfd):
+    code, seconds, children = fake("lost")
+    err = capfd.readouterr().err
+    assert code == 137 and [p.returncode for p in children._processes] == [75, -signal.SIGKILL], err
+    assert err.endswith(f"jaxmon train: process 1 of 2 was killed by SIGKILL (its log is {tmp_path}/process-1.log); "
+                        "the other processes were stopped.\n"), err
 
 
 def test_a_killed_child_gives_128_plus_the_signal(fake, tmp_path, capfd):

@@ -175,13 +175,15 @@ def test_a_session_that_steps_in_time_is_left_alone():
     def step_fn(state, batch):
         return state + batch, {}
 
-    with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=[1.0] * 8, watchdog_secs=0.3,
+    # 0.1 s a step, 1.2 s in all: twice the deadline, each step well within it even when the
+    # machine's load holds a step up (the watchdog would end this test's process).
+    with jm.MonitoredSession(step_fn, state=jnp.zeros(()), data=[1.0] * 12, watchdog_secs=0.6,
                              watchdog_startup_secs=60) as sess:
         while not sess.should_stop():
             sess.run()
             time.sleep(0.1)
             ticks.append(sess.step)
-    assert ticks == list(range(1, 9))
+    assert ticks == list(range(1, 13))
     sess._watchdog._thread.join(timeout=5)
     assert not sess._watchdog._thread.is_alive()  # stopped at close
 
@@ -199,11 +201,11 @@ def test_a_session_whose_close_raises_still_stops_its_watchdog(tmp_path):
 
         try:
             with jm.MonitoredSession(lambda s, b: (s + b, {}), state=jnp.zeros(()), data=[1.0, 2.0],
-                                     hooks=[BadClose()], watchdog_secs=0.3, watchdog_startup_secs=0.3) as sess:
-                sess.run()
+                                     hooks=[BadClose()], watchdog_secs=0.3, watchdog_startup_secs=1.5) as sess:
+                sess.run()  # its compile (start-up) within 1.5 s, even on a loaded machine
         except OSError as error:
             print("caught", error, flush=True)
-        time.sleep(1.5)  # the caller carries on: no watchdog may end it now
+        time.sleep(3.0)  # the caller carries on: no watchdog may end it now (closing: 1.5 s)
         print("alive", flush=True)
     """))
     result = _run([sys.executable, str(script)])
