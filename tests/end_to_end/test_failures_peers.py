@@ -86,7 +86,7 @@ def test_the_last_line_stays_last_while_other_threads_write_to_stderr():
 BOTH_END_IT = """
 import os, threading, time
 from jaxmon import distributed
-from jaxmon._cli import signals as _cli_signals
+from jaxmon._base import signals as _signals
 from jaxmon._processes import agree
 
 real_sleep = time.sleep
@@ -101,7 +101,7 @@ while os.path.realpath("/proc/self/fd/2") != os.devnull:  # the client is writin
 try:  # meanwhile the main thread's collective fails, and it ends the process as `jaxmon train` does
     raise agree._peer_lost("A collective of step 21 failed: another JAX process stopped answering.")
 except agree.PeerError as error:
-    _cli_signals.write_last_line(f"jaxmon train: PeerError: {error}\\n")
+    _signals.write_last_line(f"jaxmon train: PeerError: {error}\\n")
     os._exit(error.exit_code)
 """
 
