@@ -26,6 +26,10 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
 # On a GPU, JAX takes 75% of its memory when a process starts; the test workers and the
 # JAX processes the tests start (which inherit the variable) share one GPU: none preallocates.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# A suite started under `nohup` inherits SIGHUP ignored, and so would every `jaxmon train`
+# it starts (jaxmon keeps an ignored SIGHUP ignored): the SIGHUP tests need its default.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 # On the CPU, XLA compiles without LLVM's optimisations (`helpers.SUITE_XLA_FLAGS`): the
 # suite's programs are small and run few steps, so compiling them costs more than running

@@ -79,7 +79,7 @@ def check_keys(config: Mapping[str, Any]) -> None:
     Example:
       >>> check_keys({"steps": 10, "data": {"batch_size": [64]}})
       Traceback (most recent call last):
-      jaxmon._experiment.config_file.ConfigError: Config key 'data.batch_size' must be an int, got a list ([64]); ...
+      jaxmon._base.errors.ConfigError: Config key 'data.batch_size' must be an int, got a list ([64]); ...
     """
     check_top_level(config)
     for key, kind in KINDS.items():
