@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,14 @@ class _Layout:
         return mask
 
 
+class _Entry(NamedTuple):
+    """One accumulator: the hook that declared it, its name there, its reduction."""
+
+    hook: Any
+    name: str
+    reduction: Reduction
+
+
 class Accumulators:
     """The accumulators of a session's hooks: built on the first run from the shapes of
     the values, updated inside every compiled step (`update`, traced), carried between
@@ -97,7 +105,7 @@ class Accumulators:
     """
 
     def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None]):
-        self._entries: list[tuple[Any, str, Reduction]] = []
+        self._entries: list[_Entry] = []
         for hook in hooks:
             accumulators = hook.accumulators
             if not isinstance(accumulators, Mapping):
@@ -106,7 +114,7 @@ class Accumulators:
                 if not isinstance(reduction, Reduction):
                     raise TypeError(f"{hook!r}.accumulators[{name!r}] is {reduction!r}, not a jm.Reduction "
                                     "(jm.Mean(...), jm.FirstNonFinite(...) or a subclass).")
-                self._entries.append((hook, name, reduction))
+                self._entries.append(_Entry(hook, name, reduction))
         self.active = bool(self._entries)
         self._hooks = list(dict.fromkeys(hook for hook, _, _ in self._entries))
         self._of_hook: dict[int, list[int]] = {}  # each hook's entries
@@ -269,7 +277,7 @@ class Accumulators:
         """`hook`'s `{name: result}` from a host copy of the carry, its window `steps` long."""
         entries = self._of_hook.get(id(hook), ())
         trees = self._layout.unpack_host(host, [i + 1 for i in entries])
-        return {self._entries[i][1]: self._entries[i][2].result(tree, steps)
+        return {self._entries[i].name: self._entries[i].reduction.result(tree, steps)
                 for i, tree in zip(entries, trees, strict=True)}
 
     def deliver(self, read: Read) -> None:
