@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
 import importlib.metadata
 import io
@@ -34,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxmon._base.paths import open_fd
+from jaxmon._base.paths import FULL_DISK, open_fd
 from jaxmon._checkpoints import integrity as _integrity
 from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
 from jaxmon._checkpoints.step_dirs import (
@@ -413,7 +412,7 @@ def _lock(directory: str) -> int:
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
     except OSError as error:  # a full disk, say: name the file
         os.close(fd)
-        fix = "free space there" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "check that disk"
+        fix = "free space there" if error.errno in FULL_DISK else "check that disk"
         raise OSError(error.errno, f"{error.strerror}, writing {path}: {fix} (or give the run another directory) "
                                    "and run again") from error
     return fd

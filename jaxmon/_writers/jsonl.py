@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -14,7 +13,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxmon._base.paths import open_fd, open_file
+from jaxmon._base.paths import FULL_DISK, open_fd, open_file
 from jaxmon._writers.hparams import flat_hparams
 from jaxmon._writers.interface import NoArrays
 
@@ -159,7 +158,7 @@ def _write_error(error: OSError, path: str) -> OSError:
     """`error` (an OSError without a file name, as a full disk gives) naming `path` and the fix."""
     if error.errno is None:
         return error
-    fix = "free space there" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "check that disk"
+    fix = "free space there" if error.errno in FULL_DISK else "check that disk"
     return OSError(error.errno, f"{error.strerror}, writing {path}: {fix} (or write the run elsewhere) and run again")
 
 
