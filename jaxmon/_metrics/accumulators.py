@@ -98,13 +98,14 @@ class Accumulators:
     the values, updated inside every compiled step (`update`, traced), carried between
     runs in one array this object owns, and read at triggers.
 
+    A read (`read`, `read_now`) is a `Read`: whoever delivers it calls the `after_read`s
+    of `read.after_reads()`, once.
+
     Args:
       hooks: the session's hooks; those with `accumulators` take part.
-      on_read: `on_read(step, [(hook, values)])`, called once per read with the values
-        of every hook that has accumulators (for `Hook.after_read`).
     """
 
-    def __init__(self, hooks: Iterable[Any], on_read: Callable[[int, list], None]):
+    def __init__(self, hooks: Iterable[Any]):
         self._entries: list[_Entry] = []
         for hook in hooks:
             accumulators = hook.accumulators
@@ -122,7 +123,6 @@ class Accumulators:
             self._of_hook.setdefault(id(hook), []).append(i)
         #: The hooks told of every read: those with an `after_read` (the others' results wait until asked for).
         self.told = [hook for hook in self._hooks if getattr(type(hook), "after_read", None) is not Hook.after_read]
-        self._on_read = on_read
         self._layout: _Layout | None = None
         self._restart: dict[bytes, Callable[[jax.Array], jax.Array]] = {}  # by mask: one program each
         self._sharding: Any = None
@@ -247,13 +247,17 @@ class Accumulators:
             self.carry = _copy(carry)
         return read
 
-    def read_now(self, step: int) -> None:
-        """Delivers a read of `step` now (sync, save, close): the run's own, when a hook
-        read at that step (delivered now if it was not yet), else a new one."""
+    def read_now(self, step: int) -> Read | None:
+        """A read of `step` on the host now (sync, save, close): the run's own, when a hook
+        read at that step, else a new one; None before the first run."""
         if self._last_read is not None and self._last_read.step == step:
-            self._last_read.host()
+            read = self._last_read
         elif self.carry is not None:
-            self._read(step, ()).host()
+            read = self._read(step, ())
+        else:
+            return None
+        read.host()
+        return read
 
     def _restart_of(self, readers: Sequence[Any]) -> tuple[np.ndarray | None, Any]:
         """The slots that a read by `readers` starts afresh (None: none), and the program
@@ -280,11 +284,6 @@ class Accumulators:
         return {self._entries[i].name: self._entries[i].reduction.result(tree, steps)
                 for i, tree in zip(entries, trees, strict=True)}
 
-    def deliver(self, read: Read) -> None:
-        """Every `after_read` of `read` (the hooks that have one: the others' values wait
-        until asked for, on whichever thread asks)."""
-        self._on_read(read.step, [(hook, read.values(hook)) for hook in self.told])
-
     @property
     def compile_count(self) -> int:
         """How many restart programs were compiled (one per set of hooks read together)."""
@@ -305,9 +304,9 @@ class Declared(Hook):
 
 
 class Read:
-    """One read of the accumulators: the carry after its run, copied to the host and
-    delivered (every hook's `after_read`) the first time it is needed: one run later,
-    or at a `sync()`, a save or `close()`."""
+    """One read of the accumulators: the carry after its run, copied to the host the first
+    time it is needed (one run later, or at a `sync()`, a save or `close()`), and its
+    `after_read`s, which the session's hook runner delivers once (`after_reads`)."""
 
     def __init__(self, accumulators: Accumulators, step: int, carry: jax.Array, mask: np.ndarray | None,
                  since: dict[int, int]):
@@ -316,12 +315,20 @@ class Read:
         #: The slots this read starts afresh (None: none), and the carry on the host once read.
         self.mask, self.host_carry = mask, None
         self._values: dict[int, dict[str, Any]] = {}
+        self._delivered = False
 
     def host(self) -> None:
-        """The carry on the host, and every `after_read` (once)."""
+        """The carry on the host (read once)."""
         if self.host_carry is None:
             self.host_carry, self.carry = _read(self.carry), None
-            self._accumulators.deliver(self)
+
+    def after_reads(self) -> list[tuple[Any, dict[str, Any]]]:
+        """`[(hook, values)]` of every hook with an `after_read` (the others' values wait
+        until asked for, on whichever thread asks), the first time asked; [] after."""
+        if self._delivered:
+            return []
+        self._delivered = True
+        return [(hook, self.values(hook)) for hook in self._accumulators.told]
 
     def values(self, hook: Any) -> dict[str, Any]:
         """`hook`'s results (computed once, when first asked for, on the thread that asks)."""

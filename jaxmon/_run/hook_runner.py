@@ -285,7 +285,7 @@ class HookRunner:
         while self._late:
             plan, outputs, step, read, results = self._late.popleft()
             if read:
-                read.host()  # every `after_read`, on the loop
+                self.after_read(read)  # on the loop
             if plan.away:
                 report_thread.submit(self._report, plan, results, outputs, step, read)
             if plan.late:
@@ -326,7 +326,10 @@ class HookRunner:
         try:
             for i in indices:
                 call = plan.calls[i]
-                accumulated = read.values(call.hook) if call.read and read is not None else None
+                accumulated = None
+                if call.read and read is not None:
+                    self.after_read(read)  # first: a NanHook finds a bad state before this hook acts on it
+                    accumulated = read.values(call.hook)
                 fetched = None if results is None else results[i]
                 values = plain if fetched is None and accumulated is None else RunValues(
                     fetched, step, outputs, accumulated)
@@ -361,14 +364,15 @@ class HookRunner:
         where = self._guarded.get(id(hook)) if self._guarded else None
         return _AS_IS if where is None else self._syncs.guard(where)
 
-    def after_read(self, step: int, values: list[tuple[Hook, dict[str, Any]]]) -> None:
-        """Every `after_read` of one read of the accumulators, in list order."""
-        for hook, hook_values in values:
+    def after_read(self, read: Any) -> None:
+        """Every `after_read` of `read` (an `accumulators.Read`), in list order, unless
+        they were delivered already."""
+        for hook, values in read.after_reads():
             try:
                 with self._timed(hook):
-                    hook.after_read(step, hook_values)
+                    hook.after_read(read.step, values)
             except Exception as error:
-                self.failed(hook, "after_read", step, error)
+                self.failed(hook, "after_read", read.step, error)
 
     def close(self, raise_errors: bool) -> None:
         """Every hook's `close`, even when one fails; the first error is raised after."""

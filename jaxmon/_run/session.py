@@ -104,7 +104,7 @@ class MonitoredSession:
         placement = None if mesh is None else _sharding.Placement(mesh, state_sharding, batch_sharding)
         host_syncs, self._spent, self._failures = HostSyncs(debug_host_syncs), TimeSpent(), Failures()
         self._runner = HookRunner(hooks, host_syncs, self._spent, self._failures)
-        self._accumulators = Accumulators(self.hooks, on_read=self._runner.after_read)
+        self._accumulators = Accumulators(self.hooks)
         self._dispatch = Dispatch(step_fn, donate_state=donate_state, placement=placement, spent=self._spent,
                                   accumulators=self._accumulators, max_dispatch_ahead=max_dispatch_ahead,
                                   steps_per_dispatch=steps_per_dispatch, scan_unroll=scan_unroll,
@@ -235,7 +235,9 @@ class MonitoredSession:
         accumulators (every `after_read`), waiting for the device only as long as that needs."""
         with self._failures:
             self._runner.sync(self._step)
-            self._accumulators.read_now(self._step)
+            read = self._accumulators.read_now(self._step)
+            if read is not None:
+                self._runner.after_read(read)
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
         """`fetches` on the state and last run's batch and outputs, as host NumPy, with no step (TF's FinalOpsHook)."""

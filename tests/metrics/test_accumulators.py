@@ -146,7 +146,7 @@ class Reads(jm.Hook):
         self.name, self.accumulators = name, accumulators
 
     def after_read(self, step, values):
-        pass  # told of every read (Accumulators' on_read)
+        pass  # told of every read (`Read.after_reads`)
 
     def __repr__(self):
         return f"Reads({self.name!r})"
@@ -164,10 +164,15 @@ class Setup:
         self.a = Reads("a", m=Mean("loss"))
         self.b = Reads("b", m=Mean("loss"), nan=FirstNonFinite("loss"))
         self.delivered = []
-        self.acc = Accumulators([self.a, jm.Hook(), self.b], on_read=lambda step, values: self.delivered.append(
-            (step, [(hook.name, hook_values) for hook, hook_values in values])))
+        self.acc = Accumulators([self.a, jm.Hook(), self.b])
         self.acc.start(0)
         self.acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
+
+    def deliver(self, read):
+        """What the hook runner does with a read: its `after_read`s, unless delivered already."""
+        values = read.after_reads()
+        if values:
+            self.delivered.append((read.step, [(hook.name, hook_values) for hook, hook_values in values]))
 
     def put(self, step, a, b, nan_step=-1):
         """A carry at `step` whose means' sums are `a` and `b` (their weights: the windows' steps)."""
@@ -198,9 +203,9 @@ def test_a_steps_update_writes_the_carry_without_a_concatenate():
 def test_only_hooks_with_reductions_take_part_and_they_must_be_reductions():
     setup = Setup()
     assert setup.acc.active and setup.acc._hooks == [setup.a, setup.b]
-    assert not Accumulators([jm.Hook()], on_read=print).active
+    assert not Accumulators([jm.Hook()]).active
     with pytest.raises(TypeError, match=r"Reads\('x'\).accumulators\['m'\] is 'loss', not a jm.Reduction"):
-        Accumulators([Reads("x", m="loss")], on_read=print)
+        Accumulators([Reads("x", m="loss")])
 
 
 def test_a_read_restarts_only_the_readers_restarting_accumulators():
@@ -223,20 +228,22 @@ def test_after_read_comes_once_per_read_with_every_hooks_values():
     setup = Setup()
     setup.put(4, a=4.0, b=8.0)
     read = setup.acc.read(4, [setup.a])
-    assert setup.delivered == []  # delivered when first needed
-    read.values(setup.a)
-    read.values(setup.b)
+    assert read.host_carry is None  # read on the host when first needed
+    assert read.values(setup.a) == {"m": 1.0} and read.host_carry is not None
+    assert setup.delivered == []  # a read's values are no delivery: the hook runner delivers
+    setup.deliver(read)
     assert setup.delivered == [(4, [("a", {"m": 1.0}), ("b", {"m": 2.0, "nan": {"step": None,
                                                                               "value": pytest.approx(np.nan,
                                                                                                      nan_ok=True),
                                                                               "skipped": 1}})])]
-    setup.acc.read_now(4)  # the read of this step is delivered already
+    assert setup.acc.read_now(4) is read  # the read of this step, delivered already
+    setup.deliver(read)
     assert len(setup.delivered) == 1
     setup.put(6, a=2.0, b=8.0)
-    setup.acc.read_now(6)  # no read at 6: a new one, delivered now, restarting nobody
+    setup.deliver(setup.acc.read_now(6))  # no read at 6: a new one, restarting nobody
     assert [step for step, _ in setup.delivered] == [4, 6]
     assert dict(setup.delivered[1][1])["a"]["m"] == 1.0 and setup.sums()[:2] == (2.0, 8.0)
-    setup.acc.read_now(6)
+    setup.deliver(setup.acc.read_now(6))
     assert len(setup.delivered) == 2
 
 
@@ -245,25 +252,23 @@ def test_only_hooks_with_an_after_read_are_told_and_the_others_values_wait_until
         accumulators = {"m": Mean("loss")}
 
     told, quiet = Reads("told", m=Mean("loss")), Quiet()
-    delivered = []
-    acc = Accumulators([quiet, told], on_read=lambda step, values: delivered.append(
-        [(hook.name, hook_values) for hook, hook_values in values]))
+    acc = Accumulators([quiet, told])
     acc.start(0)
     acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
     means = [{"total": np.float32(total)} for total in (6, 2)]  # over the 4 steps since 0
     acc.carry = jnp.asarray(acc._layout.pack_host([np.array(4, np.int32), *means]))  # as a run returns it
     read = acc.read(4, [quiet, told])
-    read.host()
-    assert delivered == [[("told", {"m": 0.5})]]
+    assert read.after_reads() == [(told, {"m": 0.5})]
     assert read.values(quiet) == {"m": 1.5} and read.values(told) == {"m": 0.5}
-    assert len(delivered) == 1
+    assert read.after_reads() == []  # once
 
 
-def test_read_now_delivers_a_read_of_that_step_not_yet_delivered():
+def test_read_now_gives_the_read_of_that_step_without_reading_again():
     setup = Setup()
     setup.put(3, a=3.0, b=3.0)
-    setup.acc.read(3, [setup.b])
-    setup.acc.read_now(3)
+    read = setup.acc.read(3, [setup.b])
+    assert setup.acc.read_now(3) is read and read.host_carry is not None
+    setup.deliver(read)
     assert [step for step, _ in setup.delivered] == [3]
     assert setup.sums()[1] == 0.0  # read_now did not read (nor restart) again
 
@@ -273,13 +278,12 @@ def test_start_forgets_the_carry_and_counts_from_the_new_step():
     setup.put(4, a=4.0, b=4.0)
     setup.acc.start(10)
     assert setup.acc.read(12, [setup.a]) is None
-    setup.acc.read_now(12)
-    assert setup.delivered == []
+    assert setup.acc.read_now(12) is None
 
 
 def test_update_keeps_the_old_state_while_a_skipping_reduction_refuses_it():
     hook = Reads("skip", nan=FirstNonFinite("loss", max_skips=1))
-    acc = Accumulators([hook], on_read=print)
+    acc = Accumulators([hook])
     acc.start(0)
     carry = acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)
     assert acc.guards
@@ -295,7 +299,7 @@ def test_a_saved_carry_of_another_layout_starts_the_windows_afresh_with_a_warnin
     """The same reductions, saved by a jaxmon that kept other fields for them (a `Mean`
     without a weight once carried one): the windows start afresh, and the log says so."""
     hook = Reads("a", m=Mean("loss"))
-    acc = Accumulators([hook], on_read=lambda step, values: None)
+    acc = Accumulators([hook])
     acc.start(7, saved={"entries": acc._signature(), "carry": [7, 0, 0], "since": [3]})
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
         acc.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=7, sharding=None)
@@ -312,8 +316,8 @@ def test_a_process_that_declares_the_chiefs_hooks_restores_their_windows_quietly
     their windows in a checkpoint (the chief's) match there too; no warning on a resume."""
     chief = [Reads("bar", m=Mean("loss")), Reads("summaries", outputs=Mean("loss"))]
     user = Reads("user", u=Mean("loss"))
-    on_chief = Accumulators([*chief, user], on_read=lambda step, values: None)
-    elsewhere = Accumulators([*(Declared(hook) for hook in chief), user], on_read=lambda step, values: None)
+    on_chief = Accumulators([*chief, user])
+    elsewhere = Accumulators([*(Declared(hook) for hook in chief), user])
     assert elsewhere._signature() == on_chief._signature()
     on_chief.start(0)
     on_chief.prepare(step_fn, jnp.float32(0), {}, program_steps=1, step=0, sharding=None)

@@ -548,7 +548,16 @@ def test_after_read_goes_to_each_hook_under_its_policy(caplog):
             if self.on_error == "warn":
                 raise ValueError("bad read")
 
-    a, b = Reading("warn"), Reading()
+    class Read:  # an `accumulators.Read` of step 5, delivered once
+        step, told = 5, False
+
+        def after_reads(self):
+            told, self.told = self.told, True
+            return [] if told else [(a, {"m": 1.0}), (b, {"m": 2.0})]
+
+    a, b, read = Reading("warn"), Reading(), Read()
+    runner = HookRunner([a, b])
     with caplog.at_level(logging.WARNING, logger="jaxmon"):
-        HookRunner([a, b]).after_read(5, [(a, {"m": 1.0}), (b, {"m": 2.0})])
+        runner.after_read(read)
+        runner.after_read(read)
     assert got == [(5, {"m": 1.0}), (5, {"m": 2.0})] and "after_read failed at step 5" in caplog.text

@@ -85,7 +85,7 @@ def life(checkpoint_dir=None, hooks=(), data=None, init_fn=zero, state=None, ini
     return StateLife(init_fn, state, placement=None, checkpoint_dir=checkpoint_dir, warm_start=None,
                      initial_step=initial_step, config=config, hooks=tuple(hooks),
                      batches=BatchSource(data, 1, lambda step, limit: limit, prefetch=0),
-                     accumulators=Accumulators(hooks, on_read=lambda step, read: None), max_recoveries=0,
+                     accumulators=Accumulators(hooks), max_recoveries=0,
                      spent=spent)
 
 
