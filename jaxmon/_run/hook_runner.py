@@ -37,14 +37,19 @@ MAX_PLANS = 64
 
 
 class _Slot(NamedTuple):
-    """A hook as the runner calls it: its schedule, which of its run events do something,
-    and whether its late `after_run` only reports (on the report thread)."""
+    """A hook as the runner calls it: its place in the list, its schedule, which of its run
+    events do something, whether its late `after_run` only reports (on the report thread),
+    the category its time goes to, and, with `debug_host_syncs` for a hook called on every
+    run, the words of a host read's error in its run events (None: not guarded)."""
 
     hook: Hook
+    index: int
     schedule: Schedule
     before: bool
     after: bool
     reports: bool
+    category: str
+    guard: str | None
 
 
 class HookRunner:
@@ -71,23 +76,18 @@ class HookRunner:
         self._failures = Failures() if failures is None else failures
         # The session's clocks, and the category of each hook's time.
         self._spent = TimeSpent() if spent is None else spent
-        self._categories = {id(hook): category_of(hook) for hook in self.hooks}
         self._timing = False  # an event is being timed
-        self._slots = [_Slot(hook, schedule_of(hook), _has(hook, "before_run"), _has(hook, "after_run"),
-                             report_thread.reports_off_loop(hook)) for hook in self.hooks]
+        self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
+        self._slots = [_slot(hook, i, self._syncs is not None) for i, hook in enumerate(self.hooks)]
+        self._slot_of = {id(slot.hook): slot for slot in self._slots}  # a hook's slot, for what names the hook
         self._sleepers = [i for i, slot in enumerate(self._slots) if slot.schedule.next is not None]
         self._awake = any(slot.schedule.next is None and (slot.before or slot.after) for slot in self._slots)
-        # With debug_host_syncs: the hooks called on every run, and the words of their reads' errors.
-        self._syncs = host_syncs if host_syncs is not None and host_syncs.enabled else None
-        self._guarded = {} if self._syncs is None else {
-            id(slot.hook): f"in {slot.hook!r}, a hook called on every run (it has no next_trigger)"
-            for slot in self._slots if slot.schedule.next is None}
         self._wake = [_NOW] * len(self._slots)  # each hook's next trigger, as it last said
         self._plans: dict[tuple, RunPlan] = {}  # by what the awake hooks asked
         # Runs that end before this step, while every clock is before its time, call no hook.
         self._quiet_step, self._deadlines = 0, []
         self._late: collections.deque = collections.deque()
-        self._failed: dict[int, int] = {}  # failures of each warn-policy hook, for the log
+        self._warnings = [0] * len(self._slots)  # failures of each warn-policy hook, for the log
         # What hooks asked to do once every hook's current event is done (see `later`),
         # and the hook whose event is running; None outside events.
         self._later: list[tuple[Hook | None, Callable[[], Any]]] | None = None
@@ -353,7 +353,7 @@ class HookRunner:
             return
         self._timing = True
         try:
-            with self._spent.timing(self._categories[id(hook)]) if hook is not None else _AS_IS:
+            with self._spent.timing(self._slot_of[id(hook)].category) if hook is not None else _AS_IS:
                 yield
         finally:
             self._timing = False
@@ -361,7 +361,7 @@ class HookRunner:
     def _guard(self, hook: Hook) -> contextlib.AbstractContextManager:
         """Where `hook`'s run events run: guarded against host reads with `debug_host_syncs`
         when it is called on every run, else as they are."""
-        where = self._guarded.get(id(hook)) if self._guarded else None
+        where = self._slot_of[id(hook)].guard
         return _AS_IS if where is None else self._syncs.guard(where)
 
     def after_read(self, read: Any) -> None:
@@ -407,10 +407,22 @@ class HookRunner:
 
     def _warn(self, hook: Hook, event: str, step: int, error: Exception) -> None:
         """Logs the failure of a hook whose policy is to warn (its first few, then fewer)."""
-        count = self._failed[id(hook)] = self._failed.get(id(hook), 0) + 1
+        index = self._slot_of[id(hook)].index
+        self._warnings[index] += 1
+        count = self._warnings[index]
         if count <= 3 or count in (10, 100) or count % 1000 == 0:
             logger.warning("%r.%s failed at step %d (failure %d; on_error='warn', so training goes on): %r",
                            hook, event, step, count, error, exc_info=count == 1)
+
+
+def _slot(hook: Hook, index: int, guarded: bool) -> _Slot:
+    """`hook`, the `index`-th, as the runner calls it; `guarded`: with `debug_host_syncs`."""
+    schedule = schedule_of(hook)
+    guard = None
+    if guarded and schedule.next is None:
+        guard = f"in {hook!r}, a hook called on every run (it has no next_trigger)"
+    return _Slot(hook, index, schedule, _has(hook, "before_run"), _has(hook, "after_run"),
+                 report_thread.reports_off_loop(hook), category_of(hook), guard)
 
 
 def _has(hook: Hook, event: str) -> bool:
