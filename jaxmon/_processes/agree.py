@@ -43,7 +43,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -51,7 +51,6 @@ from jax.experimental import multihost_utils
 
 from jaxmon._base import signals as _signals
 from jaxmon._base.errors import RollbackError
-from jaxmon._base.triggers import SecondOrStepTimer
 from jaxmon._processes.stragglers import Stragglers
 
 logger = logging.getLogger("jaxmon")
@@ -216,6 +215,43 @@ class Agreement:
         return [json.loads(bytes(row)) for row in _gather(padded, step)]
 
 
+class Batches(Protocol):
+    """What the agreement takes of a session's batches (`_run.batches.BatchSource`)."""
+
+    has_data: bool
+
+    def next(self, step: int, limit: int | None = None) -> Any: ...
+
+    def fill(self, count: int, timed: bool = False) -> int: ...
+
+
+class Runner(Protocol):
+    """What the agreement takes of a session's hook runner (`_run.hook_runner.HookRunner`)."""
+
+    def deliver_late(self) -> None: ...
+
+    def next_event(self) -> tuple[float, float]: ...
+
+
+class Stops(Protocol):
+    """What the agreement reads and records of a session's stops (`_run.stopping.Stopping`)."""
+
+    requested: bool
+    decided: bool
+
+    def agree(self) -> None: ...
+
+    def rolled_back(self) -> None: ...
+
+
+class Steps(Protocol):
+    """The session as the agreement sees it: its step number now (and, where it has one,
+    its `summary_dir`, for the straggler summaries)."""
+
+    @property
+    def step(self) -> int: ...
+
+
 class AgreedRuns:
     """A session's runs when several JAX processes share the step: at each agreement
     point (see the module's docstring), every process learns whether any of them asked
@@ -226,8 +262,9 @@ class AgreedRuns:
       batches: the session's `BatchSource`: at each agreement, every process takes
         ahead the batches of the steps up to the next one at most, so that the end of
         one process's data is known to all before any of them runs dry.
-      runner: the session's `HookRunner`: its hooks' timers read the agreed clock; when
-        they act next (`next_event`), and their late results, delivered before agreeing.
+      runner: the session's `HookRunner`: when its hooks act next (`next_event`), and their
+        late results, delivered before agreeing. Their seconds-based timers read the agreed
+        `clock` (the session sets them).
       stopping: the session's `Stopping`: whether this process asked to stop, and where
         the agreed stop is recorded.
       session: the session, whose `step` is the step number now.
@@ -237,7 +274,7 @@ class AgreedRuns:
         host time a straggler is slow by.
     """
 
-    def __init__(self, batches: Any, runner: Any, stopping: Any, session: Any, *, every_n_steps: int,
+    def __init__(self, batches: Batches, runner: Runner, stopping: Stops, session: Steps, *, every_n_steps: int,
                  recreate: Callable[[BaseException], None] | None = None, spent: Mapping[str, float] | None = None):
         self._agreement = Agreement()
         self._recreate, self._spent = recreate, {} if spent is None else spent
@@ -251,10 +288,11 @@ class AgreedRuns:
         self.peer_lost = False
         self._held: BaseException | None = None  # an error raised between agreement points
         self._agreed_at: int | None = None  # the step of the last agreement
-        for hook in runner.hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
-            timer = getattr(hook, "timer", None)
-            if isinstance(timer, SecondOrStepTimer):
-                timer.use_clock(self._agreement.clock)
+
+    def clock(self) -> float:
+        """The agreed time (the chief's clock at the last agreement), the same on every
+        process: what seconds-based triggers read with several processes."""
+        return self._agreement.clock()
 
     @property
     def rounds(self) -> int:

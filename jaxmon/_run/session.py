@@ -22,6 +22,7 @@ import jax
 from jaxmon._base import errors as _errors
 from jaxmon._base import fetches as _fetches
 from jaxmon._base.hook import Hook
+from jaxmon._base.triggers import SecondOrStepTimer
 from jaxmon._checkpoints.warm_start import WarmStartReport
 from jaxmon._metrics.accumulators import Accumulators
 from jaxmon._ops.failures import Failures
@@ -121,9 +122,15 @@ class MonitoredSession:
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
         self._stopping = Stopping(self._preemption, agreed=several)
-        self._agreed = _agree.AgreedRuns(
-            self._batches, self._runner, self._stopping, self, every_n_steps=agree_every_n_steps,
-            recreate=lambda error: self._life.create(self._created, error), spent=self._spent.secs) if several else None
+        self._agreed = None
+        if several:
+            self._agreed = _agree.AgreedRuns(
+                self._batches, self._runner, self._stopping, self, every_n_steps=agree_every_n_steps,
+                recreate=lambda error: self._life.create(self._created, error), spent=self._spent.secs)
+            for hook in self.hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
+                timer = getattr(hook, "timer", None)
+                if isinstance(timer, SecondOrStepTimer):
+                    timer.use_clock(self._agreed.clock)
         self._watchdog = Watchdog.of(lambda: (self._step, self._closed, self._life.restored_step), watchdog_secs,
                                      watchdog_startup_secs)
         try:
