@@ -46,6 +46,7 @@ def get_config() -> dict:
             "learning_rate": {"name": "warmup_cosine_decay_schedule", "init_value": 0.0, "peak_value": 5e-3,
                               "warmup_steps": 20, "decay_steps": steps},  # linear warm-up, then cosine to 0
             "weight_decay": 0.01,
+            "weight_decay_mask": "matrices",  # kernels and embeddings, not biases or norm scales ("all": every one)
             "clip_global_norm": 1.0,  # clip the gradients' global norm first (None: no clipping)
             "accumulate_steps": 1,  # average the gradients of N batches per update
         },

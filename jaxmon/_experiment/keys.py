@@ -65,7 +65,7 @@ KINDS = {
     "data.batch_size": INT, "data.eval_split": TEXT, "data.eval_batch_size": INT.or_none(), "data.loader": TEXT,
     "data.worker_count": INT,
     "optimizer.name": TEXT, "optimizer.learning_rate": _RATE, "optimizer.clip_global_norm": NUMBER.or_none(),
-    "optimizer.accumulate_steps": INT,
+    "optimizer.accumulate_steps": INT, "optimizer.weight_decay_mask": TEXT,
     "perf.every_n_steps": INT.or_none(), "perf.peak_tflops": NUMBER.or_none(),
     "perf.flops_per_step": NUMBER.or_none(), "perf.examples_per_step": NUMBER.or_none(),
     "perf.tokens_per_step": NUMBER.or_none(),

@@ -35,31 +35,83 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
         `{"name": <optax schedule>, ...}` (e.g. "warmup_cosine_decay_schedule");
         `clip_global_norm`: clip the gradients to this global norm first;
         `accumulate_steps`: update once every that many steps with the mean of their
-        gradients (`optax.MultiSteps`).
+        gradients (`optax.MultiSteps`);
+        `weight_decay_mask`: which parameters an optimizer with weight decay (adamw,
+        lion, lamb, adafactor, ...) decays: "matrices" (the default: those of 2 or more
+        dimensions, not biases and norm scales, as nanoGPT, MaxText and Levanter do; see
+        `matrices`),
+        "all", or the import path of a function of the parameters that gives a tree of
+        bools (optax's `mask`).
 
     Raises:
       ConfigError: a name is not an optax function, or the arguments do not fit it.
     """
     name = pop_key(spec, "name", "optimizer.name")
     clip, accumulate = spec.pop("clip_global_norm", None), spec.pop("accumulate_steps", 1)
+    decay_mask = spec.pop("weight_decay_mask", None)
     if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip <= 0):
         raise ConfigError(f"optimizer.clip_global_norm={clip!r}: give a norm > 0, or None for no clipping.")
     if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
         raise ConfigError(f"optimizer.accumulate_steps={accumulate!r}: give a number of steps >= 1.")
-    tx = _optimizer(name, spec)
+    tx = _optimizer(name, spec, decay_mask)
     if clip is not None:
         tx = optax.chain(optax.clip_by_global_norm(float(clip)), tx)
     return tx if accumulate == 1 else optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
 
 
-def _optimizer(name: Any, spec: dict[str, Any]) -> optax.GradientTransformation:
+def _optimizer(name: Any, spec: dict[str, Any], decay_mask: Any) -> optax.GradientTransformation:
     if isinstance(spec.get("learning_rate"), Mapping):
         spec["learning_rate"] = _schedule(dict(spec["learning_rate"]))
+    make = _optax(name, "optimizer.name")
+    mask_arg = next((arg for arg in _MASK_ARGS if arg in inspect.signature(make).parameters), None)
+    if mask_arg is None and decay_mask is not None:
+        raise ConfigError(f"optimizer.weight_decay_mask={decay_mask!r}: optax.{name} has no weight decay to mask. "
+                          "Leave the key out, or use an optimizer with weight decay (adamw, lion, lamb, ...).")
+    if mask_arg is not None and mask_arg not in spec:
+        mask = _decay_mask("matrices" if decay_mask is None else decay_mask)
+        if mask is not None:
+            spec[mask_arg] = mask
     try:
-        return _optax(name, "optimizer.name")(**spec)
+        return make(**spec)
     except TypeError as error:
         raise ConfigError(f"optimizer {name!r}: {error}. Its arguments come from the keys of optimizer "
                           "other than name.") from error
+
+
+#: The argument through which an optax optimizer takes its weight decay's mask.
+_MASK_ARGS = ("mask", "weight_decay_mask")
+
+
+def matrices(params: Any) -> Any:
+    """True for every parameter of 2 or more dimensions (kernels, embeddings), False for
+    the others and for those Flax names `bias` or `scale` whatever their shape (a
+    multi-head projection's bias is 2-D): the weight decay mask of `weight_decay_mask:
+    "matrices"`."""
+    def decays(path, leaf):
+        name = getattr(path[-1], "key", getattr(path[-1], "name", None)) if path else None
+        return np.ndim(leaf) >= 2 and name not in _NOT_MATRICES
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+#: Parameter names that hold no matrix, whatever their shape.
+_NOT_MATRICES = ("bias", "scale")
+
+
+def _decay_mask(value: Any) -> Callable[[Any], Any] | None:
+    """The mask function of `optimizer.weight_decay_mask` (None: every parameter decays)."""
+    if value == "matrices":
+        return matrices
+    if value == "all":
+        return None
+    if not isinstance(value, str) or ("." not in value and ":" not in value):
+        raise ConfigError(f"optimizer.weight_decay_mask={value!r}: give 'matrices' (the default), 'all', or the "
+                          "import path of a function of the parameters that returns a tree of bools, e.g. "
+                          "'my_project.masks:no_embeddings'.")
+    mask = resolve(value, "optimizer.weight_decay_mask")
+    if not callable(mask):
+        raise ConfigError(f"optimizer.weight_decay_mask={value!r} is {mask!r}, not a function of the parameters.")
+    return mask
 
 
 def _schedule(schedule: dict[str, Any]) -> Callable[[Any], Any]:

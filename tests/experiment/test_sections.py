@@ -14,7 +14,7 @@ from helpers import ROOT, cpu_env
 
 import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
-from jaxmon._experiment.sections import session_args_of, throughput_of
+from jaxmon._experiment.sections import optimizer_of, session_args_of, throughput_of
 
 #: configs/gpt2_small.py made small: 1 layer of 32, rows of 32 tokens, 4 a step, 2 steps a gradient.
 OVERRIDES = ["--config.steps=40", "--config.optimizer.learning_rate.decay_steps=40",
@@ -80,3 +80,85 @@ def test_a_figure_in_the_session_section_is_sent_to_the_perf_section():
     with pytest.raises(jm.ConfigError, match=r"^session.peak_tflops goes in the perf section: give "
                                              r"perf.peak_tflops instead.$"):
         session_args_of({"session": {"peak_tflops": 989}})
+
+
+# -- optimizer ------------------------------------------------------------------------------------
+
+PARAMS = {"dense": {"kernel": np.ones((2, 3), np.float32), "bias": np.ones(3, np.float32)},
+          "norm": {"scale": np.ones(3, np.float32)}}
+
+
+def decayed(spec):
+    """Which parameters one update of `spec`'s optimizer decays: with zero gradients, only
+    weight decay moves a parameter."""
+    tx = optimizer_of(dict(spec))
+    updates, _ = tx.update(jax.tree.map(np.zeros_like, PARAMS), tx.init(PARAMS), PARAMS)
+    return {path: bool(np.any(np.asarray(update) != 0))
+            for path, update in jax.tree_util.tree_leaves_with_path(updates)}
+
+
+def paths(*names):
+    return {path: jax.tree_util.keystr(path) in names
+            for path, _ in jax.tree_util.tree_leaves_with_path(PARAMS)}
+
+
+@pytest.fixture
+def masks(tmp_path, monkeypatch):
+    """A module `masks` with a mask function of the parameters (all but the norm's)."""
+    (tmp_path / "masks.py").write_text(
+        "import jax\n\n"
+        "def no_norm(params):\n"
+        "    return {name: jax.tree.map(lambda _: name != 'norm', tree) for name, tree in params.items()}\n\n"
+        "NOT_A_FUNCTION = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["adamw", "lion", "lamb", "nadamw"])
+def test_weight_decay_takes_the_matrices_only_by_default(name):
+    moved = decayed({"name": name, "learning_rate": 0.1, "weight_decay": 0.5})
+    assert moved == paths("['dense']['kernel']")  # not the bias, nor the norm's scale
+
+
+def test_weight_decay_mask_all_decays_every_parameter_and_a_path_names_a_function(masks):
+    spec = {"name": "adamw", "learning_rate": 0.1, "weight_decay": 0.5}
+    assert all(decayed({**spec, "weight_decay_mask": "all"}).values())
+    moved = decayed({**spec, "weight_decay_mask": "masks:no_norm"})
+    assert moved == paths("['dense']['kernel']", "['dense']['bias']")
+    assert all(decayed({**spec, "mask": None}).values())  # optax's own argument wins
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"name": "adam", "learning_rate": 0.1, "weight_decay_mask": "all"},
+     "optimizer.weight_decay_mask='all': optax.adam has no weight decay to mask"),
+    ({"name": "adamw", "learning_rate": 0.1, "weight_decay_mask": "matrix"},
+     "optimizer.weight_decay_mask='matrix': give 'matrices' (the default), 'all', or the import path"),
+    ({"name": "adamw", "learning_rate": 0.1, "weight_decay_mask": "masks:NOT_A_FUNCTION"},
+     "optimizer.weight_decay_mask='masks:NOT_A_FUNCTION' is 3, not a function of the parameters"),
+])
+def test_a_bad_weight_decay_mask_is_one_config_error_naming_the_fix(masks, spec, words):
+    with pytest.raises(jm.ConfigError) as raised:
+        optimizer_of(dict(spec))
+    assert words in str(raised.value)
+
+
+def test_an_adam_without_weight_decay_is_as_before():
+    moved = decayed({"name": "adam", "learning_rate": 0.1})
+    assert not any(moved.values())
+
+
+def test_the_lm_configs_adamw_decays_the_transformers_matrices_only():
+    config = jm.load_config(ROOT / "configs" / "lm.py", ["model.num_layers=1", "model.embed_dim=16",
+                                                          "model.mlp_dim=32", "model.num_heads=2",
+                                                          "optimizer.learning_rate.init_value=0.1"])
+    parts = parts_of(config)
+    params = parts.init_fn().params
+    tx = parts.context.optimizer
+    updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
+    moved = {jax.tree_util.keystr(path): (np.ndim(leaf), bool(np.any(np.asarray(update) != 0)))
+             for (path, leaf), update in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(updates),
+                                             strict=True)}
+    decayed = {path for path, (_, decays) in moved.items() if decays}
+    assert decayed == {path for path, (ndim, _) in moved.items()
+                       if ndim >= 2 and not path.endswith(("['bias']", "['scale']"))}, moved
+    assert any(path.endswith("['query']['bias']") and ndim == 2 for path, (ndim, _) in moved.items())
+    assert "['embed']['embedding']" in decayed and "['block_0']['mlp_in']['kernel']" in decayed, decayed
