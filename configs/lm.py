@@ -26,12 +26,13 @@ def get_config() -> dict:
             "batch_size": 16,  # rows per step
             "seq_len": seq_len,
             "test_fraction": 0.1,  # the end of the text, never trained on
+            "pad_id": 0,  # the id python_text pads its last row with: no loss there (None: every id is a token)
             "eval_split": "test",
             "eval_batch_size": 512,  # rows per eval batch: the whole test split (~330 rows) in one, one compilation
         },
         "model": {
             "name": "jaxmon.models:Transformer",  # decoder-only, pre-norm, learned positions
-            "vocab_size": 128,  # jaxmon.datasets.PYTHON_TEXT_VOCAB: ASCII, 0 is padding
+            "vocab_size": 128,  # jaxmon.datasets.PYTHON_TEXT_VOCAB: ASCII, 0 is data.pad_id
             "max_len": seq_len,
             "num_layers": 2,
             "num_heads": 4,
@@ -40,7 +41,7 @@ def get_config() -> dict:
             "dtype": "float32",  # the computation's dtype: "bfloat16" on a GPU or TPU (softmax, logits: float32)
             "param_dtype": "float32",  # the parameters' dtype (the optimizer keeps its state in it)
         },
-        "task": "lm",  # next-token cross-entropy, targets 0 masked; eval loss = sum of losses / tokens
+        "task": "lm",  # next-token cross-entropy, data.pad_id masked; eval loss = sum of losses / tokens
         "optimizer": {
             "name": "adamw",
             "learning_rate": {"name": "warmup_cosine_decay_schedule", "init_value": 0.0, "peak_value": 5e-3,

@@ -63,7 +63,7 @@ KINDS = {
     "data": DICT, "model": DICT.or_none(), "optimizer": DICT.or_none(), "hooks": LIST, "session": DICT,
     "perf": DICT, "writers": LIST.or_none(),
     "data.batch_size": INT, "data.eval_split": TEXT, "data.eval_batch_size": INT.or_none(), "data.loader": TEXT,
-    "data.worker_count": INT,
+    "data.worker_count": INT, "data.pad_id": INT.or_none(),
     "optimizer.name": TEXT, "optimizer.learning_rate": _RATE, "optimizer.clip_global_norm": NUMBER.or_none(),
     "optimizer.accumulate_steps": INT, "optimizer.weight_decay_mask": TEXT,
     "perf.every_n_steps": INT.or_none(), "perf.peak_tflops": NUMBER.or_none(),

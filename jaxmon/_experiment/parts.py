@@ -142,6 +142,7 @@ def load_data(config: Mapping[str, Any]) -> Data:
     eval_split = data.pop("eval_split", "test")
     eval_batch_size = data.pop("eval_batch_size", None)
     loader, worker_count = data.pop("loader", "arrays"), data.pop("worker_count", 2)
+    data.pop("pad_id", None)  # the task's (`tasks.pad_id`), not the source's
     if loader not in ("arrays", "grain"):
         raise ConfigError(f"data.loader={loader!r}: give 'arrays' (jm.ArrayDataSource) or 'grain'.")
     if not isinstance(worker_count, int) or isinstance(worker_count, bool) or worker_count < 0:

@@ -8,6 +8,7 @@ the mesh) into the three functions a run needs. The built-in tasks ("classificat
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -92,16 +93,18 @@ def regression(predictions: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Ar
     return jnp.mean((predictions - batch["y"]) ** 2), {}
 
 
-def lm(logits: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+def lm(logits: jax.Array, batch: Mapping[str, Any], pad_id: int | None = None
+       ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Next-token cross-entropy: `logits` (batch, length, vocab) for the targets
-    `batch["y"]` (batch, length), where a target 0 is padding and counts for nothing.
+    `batch["y"]` (batch, length), where a target equal to `pad_id` (the config's
+    `data.pad_id`; None: the data has no padding) counts for nothing.
 
     Returns:
       The mean over the real tokens, and their sums (`loss_sum`, `correct`) and count
       (`tokens`), which the eval metrics reduce over the whole eval split.
     """
     targets = batch["y"]
-    weights = (targets != 0).astype(jnp.float32)
+    weights = jnp.ones(targets.shape, jnp.float32) if pad_id is None else (targets != pad_id).astype(jnp.float32)
     losses = cross_entropy(logits, targets)
     tokens = weights.sum()
     loss_sum = (losses * weights).sum()
@@ -200,13 +203,17 @@ def _user_task(make_task: Callable[[TaskContext], Any], path: str) -> Callable[[
 
 def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None) -> Callable[[TaskContext], Task]:
     """A task that trains `context.model` with `context.optimizer` on `loss_fn` of its
-    predictions on `batch["x"]`."""
+    predictions on `batch["x"]`; a `loss_fn` with a `pad_id` parameter (the "lm" task's)
+    gets the config's `data.pad_id`."""
 
     def build(context: TaskContext) -> Task:
         model, tx = context.model, context.optimizer
         if model is None or tx is None:
             raise ConfigError("This task trains a model: the config needs a model section (its name) and an "
                               "optimizer section.")
+        loss = loss_fn
+        if _takes(loss_fn, "pad_id"):
+            loss = functools.partial(loss_fn, pad_id=pad_id(context.config))
         x = context.example_batch["x"][:1]
         seed, impl = context.seed, prng_impl(context.config)
 
@@ -216,7 +223,7 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
             return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
         def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-            return loss_fn(state.apply_fn({"params": params}, batch["x"]), batch)
+            return loss(state.apply_fn({"params": params}, batch["x"]), batch)
 
         def step_fn(state: TrainState, batch: Mapping[str, Any]):
             (loss, metrics), grads = jax.value_and_grad(lambda p: evaluate(state, p, batch),
@@ -230,6 +237,24 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
         return Task(init_fn, step_fn, eval_fn, eval_metrics)
 
     return build
+
+
+def pad_id(config: Mapping[str, Any]) -> int | None:
+    """The config's `data.pad_id`: the token id that pads the targets, which counts for
+    nothing in the loss and the metrics (None, the default: every id is a token)."""
+    value = (config.get("data") or {}).get("pad_id")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigError(f"data.pad_id={value!r}: give the token id that pads the targets (an int >= 0, 0 for "
+                          "jaxmon.datasets:python_text), or None when every id is a token.")
+    return value
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether `fn` has a parameter `name`."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def boxed_params(context: TaskContext) -> Any:

@@ -49,7 +49,7 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
       - `model`: `name` (import path of a Flax linen module) and its arguments;
       - `task`: "classification" (softmax cross-entropy and accuracy on integer
         labels), "regression" (mean squared error), "lm" (next-token cross-entropy
-        on `y`, 0 is padding; token-weighted eval loss, perplexity and accuracy), the
+        on `y`, `data.pad_id` masked; token-weighted eval loss, perplexity and accuracy), the
         import path of `fn(predictions, batch) -> (loss, {metric: value})`, or that of
         a user's `make_task(context) -> jm.Task` (see `jm.Task`, `jm.TaskContext`);
       - `optimizer`: `name` of an optax optimizer and its arguments (a

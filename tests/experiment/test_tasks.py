@@ -10,9 +10,11 @@ import jax.ad_checkpoint
 import numpy as np
 import optax
 import pytest
+from helpers import ROOT
 
 import jaxmon as jm
 from jaxmon._experiment import tasks
+from jaxmon._experiment.parts import load_data
 from jaxmon.models import Transformer
 
 MODEL = {"vocab_size": 11, "max_len": 8, "num_layers": 2, "num_heads": 2, "embed_dim": 8, "mlp_dim": 16}
@@ -86,3 +88,28 @@ def test_the_lm_loss_equals_optax_s_and_its_gradient_keeps_no_float32_copy_of_th
     jax.ad_checkpoint.print_saved_residuals(ours, low)
     kept = capsys.readouterr().out
     assert "bf16[4,8,50] from the argument" in kept and "f32[4,8,50]" not in kept  # optax's keeps f32[4,8,50]
+
+
+def test_the_lm_task_masks_the_configs_pad_id_and_no_id_without_one():
+    """A character vocabulary's id 0 (say '\\n') is a token unless data.pad_id says it pads."""
+    batch = {"x": np.ones((2, 8), np.int32), "y": np.array([[0, 1, 2, 3, 0, 0, 4, 5], [6, 7, 0, 1, 2, 3, 4, 5]])}
+    counted = {}
+    for name, config in {"none": {}, "zero": {"data": {"pad_id": 0}}, "five": {"data": {"pad_id": 5}}}.items():
+        task = tasks.task_of("lm")(context(**config))
+        metrics = task.eval_fn(task.init_fn(), batch)
+        counted[name] = float(metrics["tokens"])
+        assert float(metrics["loss"]) == pytest.approx(float(metrics["loss_sum"]) / counted[name], rel=1e-6)
+    assert counted == {"none": 16.0, "zero": 12.0, "five": 14.0}
+
+
+@pytest.mark.parametrize("value", [-1, "0", 1.5, True])
+def test_a_pad_id_that_is_no_token_id_is_a_config_error_naming_it(value):
+    with pytest.raises(jm.ConfigError, match=rf"data.pad_id={value!r}: give the token id that pads the targets"):
+        tasks.task_of("lm")(context(data={"pad_id": value}))
+
+
+def test_the_lm_configs_pad_id_reaches_the_task_and_not_the_data_source():
+    config = jm.load_config(ROOT / "configs" / "lm.py")
+    assert config["data"]["pad_id"] == 0 and tasks.pad_id(config) == 0
+    data = load_data(config)  # python_text takes no pad_id: the key is the task's
+    assert data.example["y"].dtype == np.int32
