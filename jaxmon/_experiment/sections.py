@@ -59,6 +59,17 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
     return tx if accumulate == 1 else optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
 
 
+def learning_rate_of(spec: Mapping[str, Any] | None) -> Callable[[Any], Any] | None:
+    """The `optimizer` section's learning rate as a function of the number of updates
+    made (its schedule, or its constant), or None when the section gives none."""
+    rate = None if spec is None else spec.get("learning_rate")
+    if isinstance(rate, Mapping):
+        return _schedule(dict(rate))
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        return lambda count: jax.numpy.asarray(rate, jax.numpy.float32)
+    return None
+
+
 def _optimizer(name: Any, spec: dict[str, Any], decay_mask: Any) -> optax.GradientTransformation:
     if isinstance(spec.get("learning_rate"), Mapping):
         spec["learning_rate"] = _schedule(dict(spec["learning_rate"]))

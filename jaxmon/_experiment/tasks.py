@@ -21,6 +21,7 @@ import optax
 
 from jaxmon._base.errors import ConfigError
 from jaxmon._experiment.keys import resolve
+from jaxmon._experiment.sections import learning_rate_of
 from jaxmon._metrics.reductions import Ratio, Reduction
 from jaxmon._run.train_state import TrainState
 
@@ -204,16 +205,19 @@ def _user_task(make_task: Callable[[TaskContext], Any], path: str) -> Callable[[
 def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None) -> Callable[[TaskContext], Task]:
     """A task that trains `context.model` with `context.optimizer` on `loss_fn` of its
     predictions on `batch["x"]`; a `loss_fn` with a `pad_id` parameter (the "lm" task's)
-    gets the config's `data.pad_id`."""
+    gets the config's `data.pad_id`. Its step's outputs add `grad_norm` (the gradients'
+    global norm, before any clipping) and `learning_rate` (the rate of the step's update,
+    from the `optimizer` section)."""
 
     def build(context: TaskContext) -> Task:
         model, tx = context.model, context.optimizer
         if model is None or tx is None:
             raise ConfigError("This task trains a model: the config needs a model section (its name) and an "
                               "optimizer section.")
-        loss = loss_fn
+        loss_of = loss_fn
         if _takes(loss_fn, "pad_id"):
-            loss = functools.partial(loss_fn, pad_id=pad_id(context.config))
+            loss_of = functools.partial(loss_fn, pad_id=pad_id(context.config))
+        rate = learning_rate_of(context.config.get("optimizer"))
         x = context.example_batch["x"][:1]
         seed, impl = context.seed, prng_impl(context.config)
 
@@ -223,12 +227,15 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
             return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
         def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-            return loss(state.apply_fn({"params": params}, batch["x"]), batch)
+            return loss_of(state.apply_fn({"params": params}, batch["x"]), batch)
 
         def step_fn(state: TrainState, batch: Mapping[str, Any]):
             (loss, metrics), grads = jax.value_and_grad(lambda p: evaluate(state, p, batch),
                                                         has_aux=True)(state.params)
-            return state.apply_gradients(grads=grads), {"loss": loss, **metrics}
+            outputs = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
+            if rate is not None:
+                outputs["learning_rate"] = rate(updates_made(state.opt_state))
+            return state.apply_gradients(grads=grads), outputs
 
         def eval_fn(state: TrainState, batch: Mapping[str, Any]) -> dict[str, Any]:
             loss, metrics = evaluate(state, state.params, batch)
@@ -237,6 +244,14 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
         return Task(init_fn, step_fn, eval_fn, eval_metrics)
 
     return build
+
+
+def updates_made(opt_state: Any) -> jax.Array:
+    """How many updates an optax optimizer's state has made: the first `count` in it (a
+    schedule's, Adam's: equal), which `optax.MultiSteps` keeps per update, not per
+    micro-batch; 0 for a state that counts nothing (a constant rate needs no count)."""
+    counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    return counts[0][1] if counts else jnp.zeros((), jnp.int32)
 
 
 def pad_id(config: Mapping[str, Any]) -> int | None:

@@ -21,7 +21,12 @@ OVERRIDES = ["--config.steps=40", "--config.optimizer.learning_rate.decay_steps=
              "--config.optimizer.learning_rate.warmup_steps=5", "--config.optimizer.accumulate_steps=2",
              "--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.embed_dim=32",
              "--config.model.mlp_dim=64", "--config.model.max_len=32", "--config.data.seq_len=32",
-             "--config.data.batch_size=4", "--config.perf.every_n_steps=20", "--config.perf.peak_tflops=0.5"]
+             "--config.data.batch_size=4", "--config.perf.every_n_steps=20", "--config.perf.peak_tflops=0.5",
+             "--config.session.save_summaries_steps=20"]
+
+
+def config_rate_peak():
+    return jm.load_config(ROOT / "configs" / "gpt2_small.py")["optimizer"]["learning_rate"]["peak_value"]
 
 
 def test_a_small_gpt2_writes_perf_summaries_from_the_models_flop_count(tmp_path):
@@ -32,6 +37,13 @@ def test_a_small_gpt2_writes_perf_summaries_from_the_models_flop_count(tmp_path)
     with open(tmp_path / "run" / "metrics.jsonl") as lines:
         rows = [row for row in map(json.loads, lines) if "perf/mfu" in row]
     assert [row["step"] for row in rows] == [20, 40]
+    with open(tmp_path / "run" / "metrics.jsonl") as lines:
+        summaries = [row for row in map(json.loads, lines) if "grad_norm" in row]
+    assert [row["step"] for row in summaries] == [1, 20, 40]  # the summary cadence (the first step too)
+    assert summaries[0]["learning_rate"] == 0.0  # the warm-up's first update
+    for row in summaries:  # the steps' gradient norm and learning rate, means of the window
+        assert row["grad_norm"] > 0 and 0 <= row["learning_rate"] <= config_rate_peak(), row
+    assert summaries[1]["learning_rate"] > 0 and summaries[2]["learning_rate"] > 0
     # by hand: 6N + 12·L·T·d a token, N all parameters but the token embedding and the positions
     config = jm.load_config(ROOT / "configs" / "gpt2_small.py", [o.removeprefix("--config.") for o in OVERRIDES])
     params = jax.eval_shape(parts_of(config).init_fn).params

@@ -20,9 +20,11 @@ from jaxmon.models import Transformer
 MODEL = {"vocab_size": 11, "max_len": 8, "num_layers": 2, "num_heads": 2, "embed_dim": 8, "mlp_dim": 16}
 
 
+EXAMPLE = {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)}
+
+
 def context(scan_layers=False, **config):
-    example = {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)}
-    return tasks.TaskContext(config, Transformer(**MODEL, scan_layers=scan_layers), optax.adamw(1e-3), 0, example,
+    return tasks.TaskContext(config, Transformer(**MODEL, scan_layers=scan_layers), optax.adamw(1e-3), 0, EXAMPLE,
                              None)
 
 
@@ -113,3 +115,41 @@ def test_the_lm_configs_pad_id_reaches_the_task_and_not_the_data_source():
     assert config["data"]["pad_id"] == 0 and tasks.pad_id(config) == 0
     data = load_data(config)  # python_text takes no pad_id: the key is the task's
     assert data.example["y"].dtype == np.int32
+
+
+def test_a_built_in_tasks_step_outputs_its_gradient_norm_and_the_rate_of_its_update():
+    schedule = {"name": "linear_schedule", "init_value": 0.0, "end_value": 0.4, "transition_steps": 4}
+    config = {"optimizer": {"name": "adamw", "learning_rate": schedule, "clip_global_norm": 0.01}}
+    tx = optax.chain(optax.clip_by_global_norm(0.01), optax.adamw(optax.linear_schedule(0.0, 0.4, 4)))
+    task = tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), tx, 0, EXAMPLE, None))
+    state, step = task.init_fn(), jax.jit(task.step_fn)
+    batch = {"x": np.ones((4, 8), np.int32), "y": np.full((4, 8), 3, np.int32)}
+    rates = []
+    for _ in range(3):
+        grads = jax.grad(lambda p: task.eval_fn(state.replace(params=p), batch)["loss"])(state.params)
+        state, outputs = step(state, batch)
+        rates.append(float(outputs["learning_rate"]))
+        assert float(outputs["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
+        assert float(outputs["grad_norm"]) > 0.01  # the norm before clipping
+    assert rates == pytest.approx([0.0, 0.1, 0.2])  # the rate each update used: the schedule at 0, 1, 2
+
+
+def test_with_accumulation_the_rate_counts_updates_not_micro_batches():
+    config = {"optimizer": {"name": "sgd", "learning_rate": {"name": "linear_schedule", "init_value": 0.0,
+                                                            "end_value": 0.4, "transition_steps": 4}}}
+    tx = optax.MultiSteps(optax.sgd(optax.linear_schedule(0.0, 0.4, 4)), every_k_schedule=2)
+    task = tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), tx.gradient_transformation(), 0,
+                                                 EXAMPLE, None))
+    state, step = task.init_fn(), jax.jit(task.step_fn)
+    rates = []
+    for _ in range(5):
+        state, outputs = step(state, {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)})
+        rates.append(float(outputs["learning_rate"]))
+    assert rates == pytest.approx([0.0, 0.0, 0.1, 0.1, 0.2])
+
+
+def test_a_constant_rate_is_output_as_it_is():
+    task = tasks.task_of("lm")(tasks.TaskContext({"optimizer": {"name": "sgd", "learning_rate": 0.05}},
+                                                 Transformer(**MODEL), optax.sgd(0.05), 0, EXAMPLE, None))
+    _, outputs = task.step_fn(task.init_fn(), {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)})
+    assert float(outputs["learning_rate"]) == pytest.approx(0.05) and float(outputs["grad_norm"]) > 0
