@@ -126,7 +126,7 @@ def test_a_built_in_tasks_step_outputs_its_gradient_norm_and_the_rate_of_its_upd
     batch = {"x": np.ones((4, 8), np.int32), "y": np.full((4, 8), 3, np.int32)}
     rates = []
     for _ in range(3):
-        grads = jax.grad(lambda p: task.eval_fn(state.replace(params=p), batch)["loss"])(state.params)
+        grads = jax.grad(lambda p, state=state: task.eval_fn(state.replace(params=p), batch)["loss"])(state.params)
         state, outputs = step(state, batch)
         rates.append(float(outputs["learning_rate"]))
         assert float(outputs["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
