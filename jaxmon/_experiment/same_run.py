@@ -1,5 +1,5 @@
-"""Resuming a run: the config changes since its latest checkpoint, and which of them
-the checkpoints depend on."""
+"""Resuming a run: the config changes since its latest checkpoint, which of them the
+checkpoints depend on, and a learning rate that the resumed steps would train at 0."""
 
 from __future__ import annotations
 
@@ -7,15 +7,22 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from jaxmon._base.errors import ConfigError
 from jaxmon._checkpoints.step_dirs import complete_steps, read_meta
+from jaxmon._experiment.sections import learning_rate_of
 
 #: What a run's checkpoints depend on: resuming with any of these changed is an error.
-#: Every `optimizer` key changes the update (the learning rate and its schedule, the
+#: Every other `optimizer` key changes the update (a constant learning rate, the
 #: optimizer's own arguments, clipping, accumulation): a resume that changed one would
 #: train on as neither run.
 SAME_RUN = ("seed", "task", "model", "data", "optimizer")
 _NOT_SAME_RUN = ("data.eval_split", "data.eval_batch_size")
+#: The arguments of a learning-rate schedule (`optimizer.learning_rate: {"name": ...}`):
+#: a resume may change them (extend the decay with the steps, say). The optimizer state
+#: keeps only its update count, and the new schedule goes on from it.
+_SCHEDULE = "optimizer.learning_rate."
 
 
 def report_changes(config: Mapping[str, Any], workdir: str, report: Callable[[str], None]) -> None:
@@ -30,6 +37,9 @@ def report_changes(config: Mapping[str, Any], workdir: str, report: Callable[[st
         if saved is not None:  # the newest complete checkpoint whose metadata reads
             for change in check_same_run(saved, config, workdir, step):
                 report(f"Changed since step {step}: {change}")
+            stalled = stalled_rate(config, step)
+            if stalled:
+                report(stalled)
             return
 
 
@@ -44,13 +54,43 @@ def check_same_run(saved: Any, config: Mapping[str, Any], workdir: str, step: in
     if not isinstance(saved, Mapping):
         return []
     changes = _diff(saved, config, "")
+    schedule = [change for change in changes if _in_schedule(change.split(":")[0])]
+    changes = [change for change in changes if change not in schedule]
     breaking = [change for change in changes if _checkpoints_depend_on(change.split(":")[0])]
     if breaking:
         raise ConfigError(
             f"{workdir} holds checkpoints (latest step {step}) of a run whose config differs where the "
             f"checkpoints depend on it: {'; '.join(breaking)}. Resume with the same settings, use a new "
             f"--workdir, or warm-start a new run from this one (--config.warm_start={workdir}).")
-    return changes
+    if schedule:
+        arguments = ", ".join(change.removeprefix(_SCHEDULE).replace(":", "", 1) for change in schedule)
+        changes.append(f"the learning-rate schedule ({arguments}): the run goes on with the new one from "
+                       "its update count")
+    return sorted(changes)
+
+
+def stalled_rate(config: Mapping[str, Any], step: int) -> str | None:
+    """One line when every step a run resumed at `step` trains would train at a learning
+    rate of 0 (a schedule decayed to 0 before the run's new last step), else None."""
+    spec, steps = config.get("optimizer"), config.get("steps")
+    rate = learning_rate_of(spec) if isinstance(spec, Mapping) else None
+    if rate is None or not isinstance(steps, int) or steps <= step:
+        return None
+    every = spec.get("accumulate_steps", 1) if isinstance(spec.get("accumulate_steps", 1), int) else 1
+    first, last = step // max(every, 1), (steps - 1) // max(every, 1)  # the updates the resumed steps make
+    if float(np.abs(rate(first))) > 0 or float(np.abs(rate(last))) > 0:
+        return None
+    lengths = [key for key in spec["learning_rate"] if key.endswith("_steps")] \
+        if isinstance(spec["learning_rate"], Mapping) else []
+    fix = (f"extend the schedule with the steps, e.g. --config.{_SCHEDULE}{lengths[-1]}={steps // max(every, 1)}"
+           if lengths else "give a learning rate above 0")
+    return (f"The learning rate is 0 from step {step} to step {steps}: the schedule ended before the new last "
+            f"step, so these steps would not change the parameters; {fix}.")
+
+
+def _in_schedule(key: str) -> bool:
+    """Whether `key` is an argument of a learning-rate schedule (not its name)."""
+    return key.startswith(_SCHEDULE) and key != _SCHEDULE + "name"
 
 
 def _checkpoints_depend_on(key: str) -> bool:
