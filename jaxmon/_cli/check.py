@@ -61,6 +61,7 @@ def _check(args: argparse.Namespace) -> int:
     from jaxmon._base.errors import ConfigError
     from jaxmon._experiment.config_file import load_config
     from jaxmon._experiment.keys import check_keys
+    from jaxmon._experiment.trackers import writers_of
 
     if args.resume:
         from jaxmon._cli.resume_check import check_resume
@@ -77,6 +78,7 @@ def _check(args: argparse.Namespace) -> int:
     with _signals.loading():
         config = load_config(args.config, args.overrides)
         check_keys(config)  # before JAX loads
+        writers_of(config.get("writers"), "")  # a tracker's missing package or unusable URI too
         from jaxmon._experiment.preflight import check_experiment
         from jaxmon._processes.launch import connect
     connect()

@@ -322,6 +322,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def _train(args: argparse.Namespace) -> int:
     from jaxmon._experiment.config_file import load_config
     from jaxmon._experiment.keys import check_keys
+    from jaxmon._experiment.trackers import writers_of
     from jaxmon._processes.local import LEVEL_NAMES, processes_option, run_processes
 
     if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
@@ -330,6 +331,7 @@ def _train(args: argparse.Namespace) -> int:
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)
         check_keys(config)  # before JAX loads: a misspelled section or a value of another type is said at once
+        writers_of(config.get("writers"), args.workdir)  # a tracker's missing package or unusable URI too
         if args.debug_host_syncs:
             config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again

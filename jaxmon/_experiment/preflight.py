@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from jaxmon._experiment.keys import check_keys
 from jaxmon._experiment.parts import Parts, parts_of
 from jaxmon._experiment.sections import session_args_of
+from jaxmon._experiment.trackers import writers_of
 
 __all__ = ["check_experiment"]
 
@@ -32,6 +33,7 @@ def check_experiment(config: Mapping[str, Any]) -> dict[str, Any]:
     """
     config = dict(config)
     check_keys(config)
+    writers_of(config.get("writers"), "")  # a tracker's missing package or unusable URI, as train says it
     parts = parts_of(config)
     abstract = jax.eval_shape(parts.init_fn)
     rows = _rows(parts, abstract)

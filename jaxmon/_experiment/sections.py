@@ -148,32 +148,6 @@ def _optax(name: str, key: str) -> Callable[..., Any]:
     return fn
 
 
-def writers_of(specs: Any, workdir: str) -> list[Any]:
-    """The `writers` section: experiment trackers that get what the run writes to
-    TensorBoard and metrics.jsonl, `[{"name": "mlflow", "tracking_uri": ..., "experiment":
-    ...}]` (`jm.MlflowWriter`'s arguments) or `{"name": "wandb", "project": ...}`
-    (`jm.WandbWriter`'s); the chief's only."""
-    if specs is None:
-        return []
-    if not isinstance(specs, list) or not all(isinstance(spec, Mapping) for spec in specs):
-        raise ConfigError(f"writers must be a list of dicts with a name, e.g. [{{'name': 'mlflow', 'experiment': "
-                          f"'lm'}}]; got {specs!r:.100}.")
-    writers = []
-    for i, spec in enumerate(specs):
-        spec = dict(spec)
-        name = pop_key(spec, "name", f"writers.{i}.name")
-        kind = {"mlflow": jaxmon.MlflowWriter, "wandb": jaxmon.WandbWriter}.get(name)
-        if kind is None:
-            raise ConfigError(f"writers.{i}.name={name!r}: the writers are 'mlflow' (jm.MlflowWriter) and 'wandb' "
-                              "(jm.WandbWriter).")
-        try:
-            writers.append(kind(workdir, **spec))
-        except TypeError as error:
-            takes = ", ".join(list(inspect.signature(kind).parameters)[1:])
-            raise ConfigError(f"writers.{i}: {error}; jm.{kind.__name__} takes {takes}.") from error
-    return writers
-
-
 def hooks_of(config: Mapping[str, Any], *, steps: int, eval_fn: Callable, eval_batches: list, workdir: str,
              eval_metrics: Mapping[str, Any] | None = None) -> tuple[list[Any], list[Any], list[Any]]:
     """The hooks of a run: a `StopAtStepHook` at `steps` and those of the `hooks` section.

@@ -22,7 +22,8 @@ from jaxmon._experiment.keys import TOP_LEVEL, check_keys
 from jaxmon._experiment.mesh import Layout
 from jaxmon._experiment.parts import parts_of, train_data
 from jaxmon._experiment.same_run import SAME_RUN, report_changes
-from jaxmon._experiment.sections import hooks_of, session_args_of, throughput_of, writers_of
+from jaxmon._experiment.sections import hooks_of, session_args_of, throughput_of
+from jaxmon._experiment.trackers import writers_of
 from jaxmon._ops import time_spent
 from jaxmon._run.training import MonitoredTrainingSession
 from jaxmon.hooks import EvalHook
@@ -212,6 +213,7 @@ class _Experiment:
     evals: list[Any]
     session_args: dict[str, Any]
     layout: Layout | None
+    writers: list[Any]
 
 
 def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callable[[str], None]) -> _Experiment:
@@ -226,6 +228,7 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
     check_keys(config)
     session_args = session_args_of(config)  # before the data loads: a session key's error is said at once
     workdir = os.fspath(workdir)
+    writers = writers_of(config.get("writers"), workdir)  # a tracker's missing package too
     parts = parts_of(config)
     task = parts.task
     hooks, chief_only_hooks, evals = hooks_of(config, steps=parts.steps, eval_fn=task.eval_fn,
@@ -236,7 +239,7 @@ def _build(config: Mapping[str, Any], workdir: str | os.PathLike, report: Callab
     report_changes(config, workdir, report)
     return _Experiment(config, workdir, parts.steps, parts.init_fn, task.step_fn, task.eval_fn, task.eval_metrics,
                        train_data(parts.data, parts.seed), parts.data.eval_split, parts.eval_batches, hooks,
-                       chief_only_hooks, evals, session_args, parts.layout)
+                       chief_only_hooks, evals, session_args, parts.layout, writers)
 
 
 def _run(experiment: _Experiment, session: MonitoredTrainingSession, report: Callable[[str], None],
@@ -272,7 +275,7 @@ def _open_session(experiment: _Experiment) -> MonitoredTrainingSession:
         placed = {} if e.layout is None else {"mesh": e.layout.mesh, "batch_sharding": e.layout.batch_sharding}
         return MonitoredTrainingSession(e.step_fn, e.init_fn, data=e.data, checkpoint_dir=e.workdir, hooks=e.hooks,
                                         chief_only_hooks=e.chief_only_hooks, config=e.config, **placed,
-                                        writers=writers_of(e.config.get("writers"), e.workdir),
+                                        writers=e.writers,
                                         **{"hparams": e.config, **e.session_args})  # the config is the run's hparams
     except ConfigError:  # the state's initialisation names the model's values
         raise

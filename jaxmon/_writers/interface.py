@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,3 +38,12 @@ def restart(writer: Any, step: int) -> None:
     method = getattr(writer, "restart", None)
     if callable(method):
         method(step)
+
+
+def installed(package: str) -> bool:
+    """Whether `package` can be imported, found without importing it (a tracker's
+    package is checked before a run; importing W&B or MLflow takes seconds)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent that fails, or a module set to None in sys.modules
+        return False

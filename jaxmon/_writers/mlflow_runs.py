@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from jaxmon._base.errors import ConfigError
 from jaxmon._base.paths import open_file
 from jaxmon._writers.hparams import flat_hparams
-from jaxmon._writers.interface import NoArrays
+from jaxmon._writers.interface import NoArrays, installed
 
 #: Where a run's directory keeps the id of its MLflow run.
 RUN_FILE = "mlflow_run.json"
@@ -48,6 +51,21 @@ class MlflowWriter(NoArrays):
         self.run_name = run_name or os.path.basename(os.path.abspath(self.logdir))
         self._client: Any = None
         self.run_id: str | None = None
+
+    def check(self) -> None:
+        """Raises a `ConfigError` (one line, the fix in it) when MLflow is not installed or
+        the tracking URI is a file store that MLflow refuses: before a run, not at its first
+        write."""
+        if not installed("mlflow"):
+            raise ConfigError("MlflowWriter needs MLflow, which is not installed: pip install 'jaxmon[mlflow]'.")
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        version = _version()
+        if uri and _file_store(uri) and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true" and \
+                _refuses_file_stores(version):
+            raise ConfigError(
+                f"tracking_uri {uri!r} is a file store, which MLflow {version} refuses unless "
+                "MLFLOW_ALLOW_FILE_STORE=true is set: set it, or track into a database such as "
+                f"'sqlite:///{os.path.abspath(self.logdir)}/mlflow.db'.")
 
     def _run(self) -> tuple[Any, str]:
         """The client and the MLflow run's id: this directory's run, or a new one."""
@@ -101,3 +119,26 @@ class MlflowWriter(NoArrays):
 
     def __repr__(self) -> str:
         return f"MlflowWriter({self.logdir!r}, experiment={self.experiment!r})"
+
+
+def _file_store(uri: str) -> bool:
+    """Whether a tracking URI names MLflow's file store (a `file:` URI or a plain path)."""
+    scheme = urllib.parse.urlparse(uri).scheme
+    return scheme == "file" or (scheme == "" and uri != "databricks") or (len(scheme) == 1 and os.name == "nt")
+
+
+def _version() -> str:
+    """The installed MLflow's version (its full package's or mlflow-skinny's), read
+    without importing it; "3.13" (the first to refuse file stores) when neither says."""
+    for distribution in ("mlflow", "mlflow-skinny"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "3.13"
+
+
+def _refuses_file_stores(version: str) -> bool:
+    """Whether this MLflow refuses a file store without MLFLOW_ALLOW_FILE_STORE (3.13 on)."""
+    parts = [int(part) if part.isdigit() else 0 for part in version.split(".")[:2]]
+    return tuple(parts + [0] * (2 - len(parts))) >= (3, 13)

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxmon._base.errors import ConfigError
 from jaxmon._base.paths import open_file
 from jaxmon._writers.hparams import flat_hparams
-from jaxmon._writers.interface import NoArrays
+from jaxmon._writers.interface import NoArrays, installed
 
 #: Where a run's directory keeps the id of its W&B run.
 RUN_FILE = "wandb_run.json"
@@ -47,6 +48,11 @@ class WandbWriter(NoArrays):
         self.logdir, self.project, self.entity, self.mode = os.fspath(logdir), project, entity, mode
         self.run_name = run_name or os.path.basename(os.path.abspath(self.logdir))
         self._run: Any = None
+
+    def check(self) -> None:
+        """Raises a `ConfigError` when W&B is not installed: before a run, not at its first write."""
+        if not installed("wandb"):
+            raise ConfigError("WandbWriter needs W&B, which is not installed: pip install 'jaxmon[wandb]'.")
 
     @property
     def run(self) -> Any:
