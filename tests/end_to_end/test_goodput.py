@@ -120,7 +120,11 @@ def test_each_category_is_within_10_percent_of_the_known_time_across_a_restart(t
     lost = sum(secs for position, secs in first_batches.items() if position >= 30)
     assert kept >= 60 * DATA_SECS and lost >= 5 * DATA_SECS
     assert totals["data"] == pytest.approx(kept, rel=0.1), (kept, totals)
-    assert totals["lost"] == pytest.approx(lost, rel=0.1), (lost, totals)
+    # The redone steps are lost at the first process's mean step time: its batches' mean wait, and
+    # the rest of a step (its dispatch and hooks: the second process's mean, milliseconds when quiet).
+    waits = sum(first_batches.values()) / len(first_batches)
+    rest = sum(record["process"]["spent"][k] for k in ("productive", "hooks")) / len(second_batches)
+    assert 0.9 * 5 * waits <= totals["lost"] <= 1.1 * 5 * (waits + rest) + 0.02, (waits, rest, totals)
     evaluated = [float(line.split()[2]) for line in (first.stdout + second.stdout).splitlines()
                  if line.startswith("EVALUATION BATCH")]
     assert len(evaluated) == evaluations * 2 and evaluations >= 3
