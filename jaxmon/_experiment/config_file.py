@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxmon._base.errors import ConfigError, with_article
+from jaxmon._experiment.keys import TOP_LEVEL
 
 __all__ = ["ConfigError", "apply_overrides", "load_config"]
 
@@ -231,8 +232,10 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
     replaces: an int for an int, a number for a float, True/False for a bool, a string
     for a string, a list for a list; `None` fits every key (turning a setting off), and
     a key whose value is None takes any literal.
-    List items are addressed by index (`hooks.0.every_n_steps=50`). An unknown key is
-    an error naming it and the nearest known one.
+    List items are addressed by index (`hooks.0.every_n_steps=50`). A top-level key
+    the config leaves out (`writers`, `mesh`, `warm_start`, ...: `keys.TOP_LEVEL`) may
+    be given whole (`writers=[{'name': 'wandb'}]`). An unknown key is an error naming
+    it and the nearest known one.
 
     Example:
       >>> apply_overrides({"steps": 100, "optimizer": {"name": "adam"}}, ["steps=200", "optimizer.name=sgd"])
@@ -244,6 +247,9 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
         key, equals, raw = text.partition("=")
         if not equals or not key:
             raise ConfigError(f"A config override looks like --config.key.sub=value; got {override!r}.")
+        if key in TOP_LEVEL and key not in config:  # a section the config leaves out, given whole
+            config[key] = _coerce(key, raw, None)
+            continue
         parent, leaf = _locate(config, key.split("."))
         parent[leaf] = _coerce(key, raw, parent[leaf])
     return config

@@ -259,3 +259,16 @@ def test_a_config_file_over_10_mb_is_refused_before_it_runs(tmp_path):
     path.write_text("raise SystemExit('ran')\n" + "#" * (10 * 2**20))
     with pytest.raises(jm.ConfigError, match=r"is 10.0 MB; a config file is at most 10 MB"):
         jm.load_config(path)
+
+
+def test_a_top_level_section_the_config_leaves_out_can_be_given_whole_on_the_command_line(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("steps: 10\noptimizer:\n  name: adam\n  learning_rate: 0.001\n")
+    config = jm.load_config(path, ["--config.writers=[{'name': 'wandb', 'project': 'lm', 'mode': 'offline'}]",
+                                   "--config.warm_start=runs/old"])
+    assert config["writers"] == [{"name": "wandb", "project": "lm", "mode": "offline"}]
+    assert config["warm_start"] == "runs/old"
+    with pytest.raises(jm.ConfigError, match="Unknown config key 'writer': the config has no key 'writer'"):
+        jm.load_config(path, ["--config.writer=[]"])  # not a section a config has
+    with pytest.raises(jm.ConfigError, match="Unknown config key 'writers.0.name'"):
+        jm.load_config(path, ["--config.writers.0.name=wandb"])  # absent: given whole, not item by item
