@@ -355,6 +355,8 @@ def _train(args: argparse.Namespace) -> int:
                 handler.show_tracebacks = False
         logging.getLogger("absl").setLevel(logging.CRITICAL)
         sys.stderr = _MainThreadOnly(sys.stderr, os.path.join(args.workdir, "jaxmon-error.log"))
+    elif logging.getLogger("absl").level == logging.NOTSET:  # Orbax's INFO too (`manager.ORBAX_INFO`)
+        logging.getLogger("absl").setLevel(logging.INFO)
     connect()  # one of several processes (hosts): connect to the others first
     cache = False if args.no_compilation_cache else args.compilation_cache or True
     if args.no_compilation_cache:  # JAX_COMPILATION_CACHE_DIR too: this process compiles everything
