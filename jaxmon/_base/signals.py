@@ -41,6 +41,9 @@ from typing import Any
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 #: The words for each signal in the command's last line.
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+#: Set by `jaxmon train --processes N` in its children's environment: the launcher says how
+#: a stop by a signal ended, in one line for all of them, so a child says none of its own.
+LAUNCHER_SAYS = "JAXMON_LAUNCHER_SAYS_STOP"
 _AGAIN_SECS = 0.05
 
 
@@ -145,8 +148,16 @@ def write_last_line(text: str) -> None:
         pass
 
 
+def launcher_says() -> bool:
+    """Whether this process is a child of `jaxmon train --processes N`, whose launcher says
+    how a stop ended (see `LAUNCHER_SAYS`)."""
+    return os.environ.get(LAUNCHER_SAYS) == "1"
+
+
 def _exit_at_once(signum: int, frame: Any) -> None:
     """A signal before `main` runs, or after it ended: one line, then exit."""
+    if launcher_says():
+        os._exit(EXIT_CODES[signum])
     if _stage.name == "start-up":
         what = ("before training started: nothing to save; run the same command to train."
                 if _command() == "jaxmon train" else "while starting: nothing was done.")

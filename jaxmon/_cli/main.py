@@ -114,6 +114,9 @@ def _main(argv: list[str]) -> int:
             raise
         signum = _signals.stopped(error)  # first: whatever a signal became on its way up
         if signum is not None:
+            if _signals.launcher_says():  # its launcher says how the stop ended, once for every process
+                sys.stdout.flush()
+                return _signals.EXIT_CODES[signum]
             return _fail(args, _signals.EXIT_CODES[signum], _stop_line(args, error, signum), error)
         if isinstance(error, ConfigError):
             return _fail(args, 2, str(error), error)

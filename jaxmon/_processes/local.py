@@ -88,10 +88,11 @@ def run_processes(argv: Sequence[str], count: int, workdir: str, *, grace_secs: 
       ConfigError: this process is already one of several, or `workdir` cannot be made.
     """
     return launch([sys.executable, "-m", "jaxmon", *without_processes(argv)], count, workdir, name="jaxmon train",
-                  grace_secs=grace_secs)
+                  grace_secs=grace_secs, checkpoints=workdir)
 
 
-def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace_secs: float = GRACE_SECS) -> int:
+def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace_secs: float = GRACE_SECS,
+           checkpoints: str | None = None) -> int:
     """Runs `command` in `count` child processes connected on 127.0.0.1 (see the module's
     docstring); returns the exit code.
 
@@ -101,6 +102,9 @@ def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace
       log_dir: where `process-<i>.log` go (created if needed).
       name: the command that launches, for its lines (`jaxmon train`, `jaxmon launch`).
       grace_secs: seconds between SIGTERM and SIGKILL when stopping the others.
+      checkpoints: the run's checkpoint directory (`jaxmon train`'s workdir): a stop by a
+        signal is said in one line naming the step every process saved (the children
+        say none, `signals.LAUNCHER_SAYS`); None: the command is the user's.
 
     Raises:
       ConfigError: this process is already one of several, or `log_dir` cannot be made.
@@ -121,7 +125,7 @@ def launch(command: Sequence[str], count: int, log_dir: str, *, name: str, grace
           f"follows; {others} goes to {os.path.join(log_dir, 'process-<i>.log')}, warnings and errors shown "
           "here too.", flush=True)
     sys.stderr.flush()
-    return _Children(list(command), address, logs, grace_secs, name=name).run()
+    return _Children(list(command), address, logs, grace_secs, name=name, checkpoints=checkpoints).run()
 
 
 def without_processes(argv: Sequence[str]) -> list[str]:
@@ -143,8 +147,9 @@ class _Children:
     they all end."""
 
     def __init__(self, command: list[str], address: str, logs: list[str], grace_secs: float,
-                 name: str = "jaxmon train"):
+                 name: str = "jaxmon train", checkpoints: str | None = None):
         self._command, self._address, self._logs, self._grace, self._name = command, address, logs, grace_secs, name
+        self._checkpoints = checkpoints
         self._processes: list[subprocess.Popen] = []
         self._signals: list[int] = []
         self._print_lock = threading.Lock()
@@ -176,6 +181,8 @@ class _Children:
         for i in range(count):
             env = {**os.environ, "JAX_COORDINATOR_ADDRESS": self._address, "JAX_NUM_PROCESSES": str(count),
                    "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+            if self._checkpoints is not None:
+                env[_signals.LAUNCHER_SAYS] = "1"
             pipe = None
             if i:
                 env[LEVEL_NAMES] = "1"
@@ -270,14 +277,26 @@ class _Children:
             if odd:
                 self._say(f"stopped by {_signal_name(stopped_by)}; {self._ended(*odd[0])}.")
             else:
-                self._say(f"stopped by {_signal_name(stopped_by)}: every process saved and stopped; run the same "
-                          "command to resume.")
+                self._say(self._stopped(stopped_by))
             return 128 + stopped_by
         if failed is None:
             return 0
         self._say(f"{self._ended(failed, codes[failed])}; the other processes were stopped.")
         code = codes[failed]
         return 128 - code if code < 0 else code
+
+    def _stopped(self, signum: int) -> str:
+        """The line of a stop by `signum` that every process saved at (and ended after)."""
+        name = _signal_name(signum)
+        if self._checkpoints is None:
+            return f"stopped by {name}: every process saved and stopped; run the same command to resume."
+        from jaxmon._checkpoints.step_dirs import complete_steps  # loads no JAX
+
+        steps = complete_steps(self._checkpoints) if os.path.isdir(self._checkpoints) else []
+        if not steps:
+            return f"Stopped by {name} before training started: nothing to save; run the same command to train."
+        step = steps[-1]
+        return f"Stopped by {name} at step {step}; checkpoint {step} is saved: run the same command to resume."
 
     def _ended(self, i: int, code: int) -> str:
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"

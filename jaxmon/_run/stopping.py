@@ -126,8 +126,9 @@ class Preemption:
 
     def request(self, by: str = "SIGTERM or request_preemption()", signum: signal.Signals = signal.SIGTERM) -> None:
         """Saves at the next step boundary, then stops (what SIGTERM does)."""
-        if not self.requested:
-            logger.warning("%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
+        if not self.requested:  # a launcher that said it for every process: its children at INFO
+            logger.log(logging.INFO if _signals.launcher_says() else logging.WARNING,
+                       "%s: saving at the next step boundary, then stopping; a second one stops at once.", by)
             self.signal, self.requested_at = signum, time.monotonic()
 
     @property
