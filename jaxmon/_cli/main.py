@@ -339,6 +339,10 @@ def _train(args: argparse.Namespace) -> int:
             config["session"] = {**config.get("session", {}), "debug_host_syncs": True}
     if processes > 1:  # the config is checked once, here; each process loads it again
         return run_processes(args.argv, processes, args.workdir)
+    if not args.debug:  # Gloo's line per process and communicator, printed by its C++ (native_lines.py)
+        from jaxmon._cli.native_lines import drop_native_lines
+
+        drop_native_lines()
     with _signals.loading():
         import jax
 

@@ -459,6 +459,7 @@ def test_ctrl_c_saves_every_process_at_one_step_and_exits_130(tmp_path):
     assert err.rstrip().endswith(f"jaxmon train: Stopped by Ctrl-C at step {stopped[0]}; checkpoint {stopped[0]} is "
                                  "saved: run the same command to resume."), err[-3000:]
     assert "Stopped by" not in (workdir / "process-1.log").read_text()
+    assert "[Gloo]" not in out + err + (workdir / "process-1.log").read_text()  # Gloo's C++ line: --debug only
     assert not re.search(r"\[process 1\].*saving at the next step boundary", err)  # INFO: the launcher said it
     assert jm.latest_checkpoint_step(workdir) == int(stopped[0]) >= 20
 
