@@ -36,6 +36,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from jaxmon._base.paths import FULL_DISK, open_fd
 from jaxmon._checkpoints import integrity as _integrity
 from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
+from jaxmon._checkpoints.orbax_log import quiet_orbax
 from jaxmon._checkpoints.step_dirs import (
     CompleteStepNames,
     complete_steps,
@@ -47,22 +48,6 @@ from jaxmon._ops import failures
 
 logger = logging.getLogger("jaxmon")
 
-
-class _OrbaxInfo(logging.Filter):
-    """Drops Orbax's INFO and DEBUG records (tens a checkpoint: its handlers, its
-    threads, each save's steps), which reach a program's `logging.basicConfig(level=
-    logging.INFO)` through absl's logger, unless that logger itself is set to let them
-    through (`logging.getLogger("absl").setLevel(logging.INFO)`). Warnings and errors pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname:
-            return True
-        own = logging.getLogger("absl").level
-        return own != logging.NOTSET and own <= record.levelno
-
-
-#: Installed on absl's logger by the first `Checkpoints` of the process.
-ORBAX_INFO = _OrbaxInfo()
 
 FORMAT = "jaxmon-checkpoint/1"
 _LOCK_NAME = ".jaxmon-writer.lock"
@@ -140,7 +125,7 @@ class Checkpoints:
                  keep_best: int | None = None, best_mode: str = "min", integrity: bool = True):
         self.directory = os.path.abspath(os.fspath(directory))
         self.writer = writer
-        logging.getLogger("absl").addFilter(ORBAX_INFO)  # once: a filter is added once however often
+        quiet_orbax()
         finish_failed_event_loops()  # a failed restore or save leaves no task of Orbax's behind
         self._lock_fd: int | None = None
         if writer:

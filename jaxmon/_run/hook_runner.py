@@ -365,9 +365,9 @@ class HookRunner:
         return _AS_IS if where is None else self._syncs.guard(where)
 
     def after_read(self, read: Any) -> None:
-        """Every `after_read` of `read` (an `accumulators.Read`), in list order, unless
-        they were delivered already."""
-        for hook, values in read.after_reads():
+        """Every `after_read` of `read` (an `accumulators.Read`; None: no read), in list
+        order, unless they were delivered already."""
+        for hook, values in () if read is None else read.after_reads():
             try:
                 with self._timed(hook):
                     hook.after_read(read.step, values)

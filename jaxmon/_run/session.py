@@ -122,15 +122,11 @@ class MonitoredSession:
         several = jax.process_count() > 1
         self._preemption = Preemption(handle_sigterm=handle_sigterm, several_processes=several)
         self._stopping = Stopping(self._preemption, agreed=several)
-        self._agreed = None
-        if several:
-            self._agreed = _agree.AgreedRuns(
-                self._batches, self._runner, self._stopping, self, every_n_steps=agree_every_n_steps,
-                recreate=lambda error: self._life.create(self._created, error), spent=self._spent.secs)
-            for hook in self.hooks:  # seconds-based triggers read the chief's clock, agreed at each agreement point
-                timer = getattr(hook, "timer", None)
-                if isinstance(timer, SecondOrStepTimer):
-                    timer.use_clock(self._agreed.clock)
+        self._agreed = _agree.AgreedRuns(
+            self._batches, self._runner, self._stopping, self, every_n_steps=agree_every_n_steps,
+            recreate=lambda error: self._life.create(self._created, error), spent=self._spent.secs) if several else None
+        if self._agreed is not None:
+            _use_clock(self.hooks, self._agreed.clock)
         self._watchdog = Watchdog.of(lambda: (self._step, self._closed, self._life.restored_step), watchdog_secs,
                                      watchdog_startup_secs)
         try:
@@ -242,9 +238,7 @@ class MonitoredSession:
         accumulators (every `after_read`), waiting for the device only as long as that needs."""
         with self._failures:
             self._runner.sync(self._step)
-            read = self._accumulators.read_now(self._step)
-            if read is not None:
-                self._runner.after_read(read)
+            self._runner.after_read(self._accumulators.read_now(self._step))
 
     def fetch(self, fetches: Any) -> dict[str, Any]:
         """`fetches` on the state and last run's batch and outputs, as host NumPy, with no step (TF's FinalOpsHook)."""
@@ -418,3 +412,12 @@ def _quietly(fn: Callable[[], None], what: str) -> None:
         fn()
     except Exception as error:
         logger.error("While closing after an error, %s failed: %r", what, error, exc_info=error)
+
+
+def _use_clock(hooks: Iterable[Hook], clock: Callable[[], float]) -> None:
+    """Points every seconds-based trigger of `hooks` at `clock` (with several processes:
+    the chief's, agreed at each agreement point)."""
+    for hook in hooks:
+        timer = getattr(hook, "timer", None)
+        if isinstance(timer, SecondOrStepTimer):
+            timer.use_clock(clock)
