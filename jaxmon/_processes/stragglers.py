@@ -18,6 +18,8 @@ import statistics
 import time
 from collections.abc import Sequence
 
+import jax
+
 logger = logging.getLogger("jaxmon")
 
 
@@ -67,7 +69,8 @@ class Stragglers:
 
     def _report(self, step: int, process: int, host: float, others: float, summary_dir: str | None) -> None:
         count = len(self.host_per_step) - 1
-        logger.warning("Process %d is a straggler: %.1f ms of host time per step, %.1fx the median of the other %s "
+        level = logging.WARNING if jax.process_index() == 0 else logging.INFO  # one line across the processes
+        logger.log(level, "Process %d is a straggler: %.1f ms of host time per step, %.1fx the median of the other %s "
                        "(%.1f ms), at the last %d agreements up to step %d; the others wait for it.",
                        process, host * 1e3, host / others, "process" if count == 1 else f"{count} processes",
                        others * 1e3, self._slow[process], step)

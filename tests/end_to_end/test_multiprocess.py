@@ -512,14 +512,16 @@ def test_a_nan_in_one_process_data_rolls_both_back_together_past_its_batch(main_
                    for line in main_run.lines[i]), main_run.output(i)
 
 
-def test_a_process_whose_data_is_slow_is_named_a_straggler_on_both_and_the_chiefs_hooks_never(main_run):
+def test_a_process_whose_data_is_slow_is_named_a_straggler_by_the_chief_and_the_chiefs_hooks_never(main_run):
     p0, p1 = both(main_run, "straggler")
     assert p0["ok"] and p1["ok"] and p0["step"] == p1["step"] == 48
-    for i in (0, 1):  # process 1 named once, on both, in its session, with its 20 ms a batch
-        said = [line for line in session_lines(main_run, i, "straggler") if "is a straggler" in line]
-        assert len(said) == 1 and "Process 1 is a straggler: " in said[0], main_run.output(i)
-        assert "the median of the other process" in said[0]
-        assert float(said[0].split("straggler: ")[1].split(" ms")[0]) > 15, said[0]
+    # Process 1 named once, by the chief (a warning), in its session, with its 20 ms a batch; the other
+    # process logs it at INFO (not shown here: the workers print warnings only): one line per event.
+    said = [line for line in session_lines(main_run, 0, "straggler") if "is a straggler" in line]
+    assert len(said) == 1 and "Process 1 is a straggler: " in said[0], main_run.output(0)
+    assert "the median of the other process" in said[0]
+    assert float(said[0].split("straggler: ")[1].split(" ms")[0]) > 15, said[0]
+    assert not [line for line in session_lines(main_run, 1, "straggler") if "is a straggler" in line]
     records = [json.loads(line) for line in (main_run.workdir / "straggler" / "metrics.jsonl").read_text().splitlines()]
     [report] = [r for r in records if r.get("stragglers/slowest_process") == 1.0]
     assert report["stragglers/process_1_ms_per_step"] > 15
