@@ -218,7 +218,8 @@ def _plot(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     runs = {}  # each run's label: {tag: (steps, values)}
-    for workdir in args.workdirs:
+    workdirs = _plottable(args.workdirs)
+    for workdir in workdirs:
         path = os.path.join(workdir, "metrics.jsonl")
         if not os.path.isfile(path):
             why = ("a directory that is not a jaxmon run (no checkpoint, TensorBoard event file or hparams.json "
@@ -240,8 +241,8 @@ def _plot(args: argparse.Namespace) -> int:
             return 2
         runs[_run_label(workdir, runs)] = series
     tags = sorted({tag for series in runs.values() for tag in series})
-    out = _out_path(args.out, args.workdirs)
-    figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in args.workdirs))
+    out = _out_path(args.out, workdirs)
+    figure = draw(plot_plan(runs), ", ".join(os.path.abspath(workdir) for workdir in workdirs))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     from jaxmon._base.paths import LinkedFileError, open_file
 
@@ -255,6 +256,20 @@ def _plot(args: argparse.Namespace) -> int:
     several = f"{len(runs)} runs, " if len(runs) > 1 else ""
     print(f"wrote {shown(out)} ({several}{len(tags)} scalars: {shown(', '.join(tags))})")
     return 0
+
+
+def _plottable(paths: list[str]) -> list[str]:
+    """Of several `paths` (a shell's `runs/sweep/*`), the directories with a metrics.jsonl,
+    the others skipped in one line (a sweep's sweep.json and sweep.png, say); one path, or
+    none plottable among several: all of them, for the error that names the first."""
+    kept = [path for path in paths if os.path.isfile(os.path.join(path, "metrics.jsonl"))]
+    if len(paths) < 2 or not kept:
+        return list(paths)
+    skipped = [path for path in paths if path not in kept]
+    if skipped:
+        print(f"jaxmon plot: skipped {len(skipped)} path(s) with no metrics.jsonl: "
+              f"{shown(', '.join(skipped))}.", file=sys.stderr)
+    return kept
 
 
 def _out_path(out: str | None, workdirs: list[str]) -> str:

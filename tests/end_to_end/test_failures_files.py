@@ -294,3 +294,21 @@ def test_a_sigkilled_grain_run_leaves_no_process_behind(grain_run):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.stdout.close()
+
+
+def test_plot_of_a_sweeps_glob_skips_what_is_no_run_in_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for seed in (0, 1):
+        _fake_run(tmp_path / "sweep" / f"seed={seed}", metrics=b"".join(
+            json.dumps({"step": s, "loss": seed + 1.0 / s}).encode() + b"\n" for s in range(1, 6)))
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    (tmp_path / "sweep" / "empty").mkdir()
+    paths = sorted(str(path) for path in (tmp_path / "sweep").iterdir())  # as the shell expands runs/sweep/*
+    out = tmp_path / "all.png"
+    assert _cli.main(["plot", *paths, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"jaxmon plot: skipped 2 path(s) with no metrics.jsonl: {tmp_path / 'sweep'}"
+                                    f"/empty, {tmp_path / 'sweep' / 'sweep.json'}.")
+    assert captured.out == f"wrote {out} (2 runs, 1 scalars: loss)\n" and out.read_bytes()[:4] == b"\x89PNG"
+    assert _cli.main(["plot", str(tmp_path / "sweep" / "sweep.json"), str(tmp_path / "sweep" / "empty")]) == 2
+    assert "no metrics.jsonl in" in capsys.readouterr().err  # none plottable: the first named
