@@ -55,12 +55,35 @@ def mesh_of(spec: Any) -> Mesh | None:
     if -1 in sizes.values():
         if devices % known:
             raise ConfigError(f"mesh={spec!r}: the other axes take {known} devices, which does not divide the "
-                              f"{devices} devices this run has.")
+                              f"{devices} devices this run has. Run it on {known} devices{_simulated(known)}, or "
+                              f"shrink the other axes to divide {devices}: {_shrunk(sizes, devices)}.")
         sizes = {k: (devices // known if v == -1 else v) for k, v in sizes.items()}
     if math.prod(sizes.values()) != devices:
         raise ConfigError(f"mesh={spec!r} needs {math.prod(sizes.values())} devices; this run has {devices} "
-                          f"({jax.process_count()} process(es)). Set one axis to -1 to take the devices left.")
+                          f"({jax.process_count()} process(es)). Set one axis to -1 to take the devices left, or "
+                          f"run it on {math.prod(sizes.values())} devices{_simulated(math.prod(sizes.values()))}.")
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
+
+
+def _simulated(count: int) -> str:
+    """On a CPU, how to simulate `count` devices ("" elsewhere)."""
+    if jax.devices()[0].platform != "cpu":
+        return ""
+    return f" (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count={count})"
+
+
+def _shrunk(sizes: Mapping[str, int], devices: int) -> str:
+    """The overrides that shrink the fixed axes of `sizes` (one is -1) until their product
+    divides `devices`: each to its greatest common divisor with the devices left."""
+    left, overrides = devices, []
+    for axis, size in sizes.items():
+        if size == -1:
+            continue
+        fits = math.gcd(size, left)
+        if fits != size:
+            overrides.append(f"--config.mesh.{axis}={fits}")
+        left //= fits
+    return " ".join(overrides)
 
 
 class Layout:

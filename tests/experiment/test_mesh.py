@@ -38,6 +38,23 @@ def test_a_bad_mesh_spec_is_refused_naming_it(spec, words):
     assert words in str(error.value)
 
 
+def test_a_mesh_the_devices_do_not_fit_names_the_devices_it_needs_and_the_axes_that_would_fit():
+    devices, cpu = jax.device_count(), jax.devices()[0].platform == "cpu"
+
+    def simulated(count):  # on a CPU only: how to simulate the devices
+        return f" (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count={count})" if cpu else ""
+
+    with pytest.raises(jm.ConfigError) as error:
+        mesh_of({"data": -1, "fsdp": 4 * devices, "model": 1})
+    assert str(error.value).endswith(
+        f"which does not divide the {devices} devices this run has. Run it on {4 * devices} devices"
+        f"{simulated(4 * devices)}, or shrink the other axes to divide {devices}: --config.mesh.fsdp={devices}.")
+    mesh_of({"data": -1, "fsdp": devices, "model": 1})  # the shrunk mesh fits
+    with pytest.raises(jm.ConfigError) as error:
+        mesh_of({"data": devices + 1})
+    assert str(error.value).endswith(f"or run it on {devices + 1} devices{simulated(devices + 1)}.")
+
+
 def test_fsdp_splits_a_leaf_no_rule_splits_on_its_largest_dimension_that_divides():
     assert _fsdp(P(None, None), (8, 32), "fsdp", 4) == P(None, "fsdp")
     assert _fsdp(P(None, None), (30, 8), "fsdp", 4) == P(None, "fsdp")  # 30 does not divide by 4
