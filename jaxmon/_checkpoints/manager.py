@@ -35,7 +35,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from jaxmon._base.paths import FULL_DISK, open_fd
 from jaxmon._checkpoints import integrity as _integrity
-from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, save_error
+from jaxmon._checkpoints.orbax_failures import SaveError, brief, finish_failed_event_loops, none_restores, save_error
 from jaxmon._checkpoints.orbax_log import quiet_orbax
 from jaxmon._checkpoints.step_dirs import (
     CompleteStepNames,
@@ -344,11 +344,7 @@ class Checkpoints:
                 logger.warning("Restored checkpoint %d of %s instead of the broken %s.", step, self.directory, broken)
             return restored
         if failures:  # the first (newest) one's error is the cause, in full
-            (step, error), steps = failures[0], ", ".join(str(s) for s, _ in failures)
-            raise RuntimeError(
-                f"No checkpoint in {self.directory} restores (step{'s' if len(failures) > 1 else ''} {steps}); "
-                f"step {step}: {brief(error, 200)}. Refusing to start fresh over them: fix or move the directory, "
-                "or point checkpoint_dir elsewhere.") from error
+            raise RuntimeError(none_restores(self.directory, failures, like)) from failures[0][1]
         return None
 
 

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+import jax
 from orbax.checkpoint._src import asyncio_utils
 
 from jaxmon._base.paths import FULL_DISK, free_bytes, size_text
@@ -157,3 +158,26 @@ def _finish_tasks(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(loop.shutdown_asyncgens())
     except Exception as error:  # the operation's own error is the one that matters
         logger.debug("Finishing the tasks of a failed Orbax operation: %r", error)
+
+
+#: Orbax's words for an array whose shape differs from the checkpoint's.
+_SHAPES = re.compile(r"Requested shape: (\([\d, ]*\)) is not compatible with the stored shape: (\([\d, ]*\))")
+
+
+def none_restores(directory: str, failures: list[tuple[int, BaseException]], like: Any) -> str:
+    """Why no checkpoint of `directory` restores (`failures`: each step tried and its error,
+    newest first) into the state `like`: the newest one's error, or, for a state whose
+    shapes changed, the leaf, both shapes and the fix (a new run that warm-starts)."""
+    (step, error), steps = failures[0], ", ".join(str(s) for s, _ in failures)
+    tried = f"No checkpoint in {directory} restores (step{'s' if len(failures) > 1 else ''} {steps})"
+    shapes = _SHAPES.search(" ".join(str(error).split()))
+    if shapes is not None:
+        wanted, stored = shapes.groups()
+        leaves = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(like)
+                  if str(tuple(getattr(leaf, "shape", ()))) == wanted]
+        which = f"the state's {' or '.join(leaves[:3]) or 'leaf'}" if leaves else "a leaf of the state"
+        return (f"{tried}: {which} is {wanted} where checkpoint {step} has {stored}. A model whose shapes changed "
+                f"is a new run: give it a new checkpoint_dir, with warm_start={directory!r} to take the leaves "
+                "that still fit.")
+    return (f"{tried}; step {step}: {brief(error, 200)}. Refusing to start fresh over them: fix or move the "
+            "directory, or point checkpoint_dir elsewhere.")

@@ -81,3 +81,28 @@ def test_a_failed_operations_loop_finishes_its_other_tasks_before_it_closes():
         return 42
 
     assert run(fine()) == 42
+
+
+def test_a_state_whose_shapes_changed_names_the_leaf_both_shapes_and_warm_start(tmp_path):
+    """From Python, a model made wider than its checkpoints: the restore's error names the
+    leaf, its shape and the checkpoint's, and the fix (`jaxmon train` refuses the config
+    change before this)."""
+    import jax.numpy as jnp
+
+    import jaxmon as jm
+
+    def run(width):
+        state = {"dense": {"kernel": jnp.zeros((width, 2)), "bias": jnp.zeros(2)}}
+        with jm.MonitoredTrainingSession(lambda s, batch: (s, {"loss": 0.0}), state=state, checkpoint_dir=tmp_path,
+                                         hooks=[jm.StopAtStepHook(last_step=2)], save_summaries_steps=None,
+                                         log_step_count_steps=None) as sess:
+            while not sess.should_stop():
+                sess.run()
+
+    run(2)
+    with pytest.raises(RuntimeError) as raised:
+        run(3)
+    assert str(raised.value) == (
+        f"No checkpoint in {tmp_path} restores (steps 2, 0): the state's ['dense']['kernel'] is (3, 2) where "
+        f"checkpoint 2 has (2, 2). A model whose shapes changed is a new run: give it a new checkpoint_dir, with "
+        f"warm_start={str(tmp_path)!r} to take the leaves that still fit.")
