@@ -330,6 +330,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if not args.debug:  # JAX's native error lines (a lost peer's, before jaxmon's one line) with --debug only
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # read once, when JAX loads
+        os.environ.setdefault("WANDB_SILENT", "true")  # W&B's own lines (tens a run): a WandbWriter's run is named
     with _signals.loading():  # before JAX loads: a config's error is said at once; a signal ends it
         processes = processes_option(args.processes)
         config = load_config(args.config, args.overrides)

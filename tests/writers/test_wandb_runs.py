@@ -111,8 +111,8 @@ def _train_command(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     config = tracked_config(tmp_path, {"name": "wandb", "project": "tiny", "mode": "offline"})
     command = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir", str(tmp_path / "run")]
     # Not this process's W&B service (its address is in WANDB_SERVICE once a test here used W&B): each
-    # command starts its own, as a fresh shell's would.
-    return command, {**{k: v for k, v in cpu_env().items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true"}
+    # command starts its own, as a fresh shell's would; W&B's own quiet is jaxmon train's to set.
+    return command, {k: v for k, v in cpu_env().items() if k not in ("WANDB_SERVICE", "WANDB_SILENT")}
 
 
 @pytest.mark.slow
@@ -120,6 +120,8 @@ def test_jaxmon_train_writes_its_scalars_hyper_parameters_and_config_into_a_wand
     command, env = _train_command(tmp_path)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.lower().startswith("wandb")]
+    assert said == [], said  # W&B's own lines with --debug only
     [run] = offline_runs(tmp_path / "run")
     assert {step for step, values in run["history"].items() if "eval/accuracy" in values} == {25, 50}
     assert {step for step, values in run["history"].items() if "loss" in values} >= {10, 20, 30, 40, 50}
