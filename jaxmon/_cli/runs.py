@@ -158,10 +158,11 @@ def run_info(workdir: str) -> dict[str, Any]:
                             "sealed": os.path.isfile(os.path.join(path, MANIFEST))})
     _rank_best(checkpoints)
     metrics: dict[str, tuple[int, float]] = {}
+    parts = metric_parts(workdir)
     for record in records(os.path.join(workdir, "metrics.jsonl")):
         for tag, value in record.items():
-            if (tag not in ("step", "wall_time") and not tag.startswith("goodput/") and _is_number(value)
-                    and math.isfinite(value)):  # goodput has its own section
+            if (tag not in ("step", "wall_time") and not tag.startswith("goodput/") and tag not in parts
+                    and _is_number(value) and math.isfinite(value)):  # goodput has its own section
                 metrics[tag] = (record["step"], value)
     config = None
     if checkpoints:
@@ -229,6 +230,8 @@ def _plot(args: argparse.Namespace) -> int:
             print(f"jaxmon plot: no metrics.jsonl in {workdir!r}, {why}.", file=sys.stderr)
             return 2
         series = read_series(path, goodput=bool(args.tags))  # asked for by name, the goodput seconds too
+        if not args.tags:  # the sums a metric divides, unless asked for by name
+            series = {tag: values for tag, values in series.items() if tag not in metric_parts(workdir)}
         if args.tags:
             missing = sorted(set(args.tags) - set(series))
             if missing:
@@ -295,6 +298,20 @@ def _out_path(out: str | None, workdirs: list[str]) -> str:
         raise _given_wrong(f"--out {out!r}: matplotlib cannot write .{extension} files; give a name ending in one "
                            f"of {types} (or a directory, to write <run>.png in it).")
     return out
+
+
+def metric_parts(workdir: str) -> tuple[str, ...]:
+    """The tags of `workdir`'s records that are the sums its task's metrics divide
+    (`keys.TASK_PARTS`: the lm task's `loss_sum`, `tokens`, `correct`), from its
+    hparams.json; () for another task or a run without one."""
+    from jaxmon._experiment.keys import TASK_PARTS
+
+    try:
+        with open(os.path.join(workdir, "hparams.json"), encoding="utf-8") as f:
+            task = json.load(f).get("task")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    return TASK_PARTS.get(task, ()) if isinstance(task, str) else ()
 
 
 def read_series(path: str, goodput: bool = False) -> dict[str, tuple[list[int], list[float]]]:

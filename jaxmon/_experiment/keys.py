@@ -13,6 +13,11 @@ from jaxmon._base.errors import ConfigError, with_article
 TOP_LEVEL = ("seed", "prng_impl", "steps", "data", "model", "task", "optimizer", "hooks", "session", "warm_start",
              "name", "mesh", "sharding", "perf", "writers")
 
+#: The sums a built-in task's eval metrics divide (`jm.Ratio`'s parts), by task: its step
+#: outputs them too, and they stay in a run's records for whoever reads them, but `jaxmon
+#: inspect`, `plot` and the sweep's table show the metrics, not their parts.
+TASK_PARTS = {"lm": ("loss_sum", "tokens", "correct")}
+
 _MISSING = object()
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from jaxmon._base.errors import ConfigError
-from jaxmon._experiment.keys import resolve
+from jaxmon._experiment.keys import TASK_PARTS, resolve
 from jaxmon._experiment.sections import learning_rate_of
 from jaxmon._metrics.reductions import Ratio, Reduction
 from jaxmon._run.train_state import TrainState
@@ -94,6 +94,10 @@ def regression(predictions: jax.Array, batch: Mapping[str, Any]) -> tuple[jax.Ar
     return jnp.mean((predictions - batch["y"]) ** 2), {}
 
 
+#: The lm task's sums, which its eval metrics divide (`keys.TASK_PARTS`).
+_LOSS_SUM, _TOKENS, _CORRECT = TASK_PARTS["lm"]
+
+
 def lm(logits: jax.Array, batch: Mapping[str, Any], pad_id: int | None = None
        ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Next-token cross-entropy: `logits` (batch, length, vocab) for the targets
@@ -110,7 +114,7 @@ def lm(logits: jax.Array, batch: Mapping[str, Any], pad_id: int | None = None
     tokens = weights.sum()
     loss_sum = (losses * weights).sum()
     correct = ((jnp.argmax(logits, -1) == targets) * weights).sum()
-    return loss_sum / jnp.maximum(tokens, 1.0), {"loss_sum": loss_sum, "tokens": tokens, "correct": correct}
+    return loss_sum / jnp.maximum(tokens, 1.0), {_LOSS_SUM: loss_sum, _TOKENS: tokens, _CORRECT: correct}
 
 
 @jax.custom_vjp
@@ -148,8 +152,8 @@ cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
 #: The "lm" task's eval metrics: token-weighted over the whole eval split.
-LM_METRICS = {"loss": Ratio("loss_sum", "tokens"), "perplexity": Ratio("loss_sum", "tokens").then(np.exp),
-              "accuracy": Ratio("correct", "tokens")}
+LM_METRICS = {"loss": Ratio(_LOSS_SUM, _TOKENS), "perplexity": Ratio(_LOSS_SUM, _TOKENS).then(np.exp),
+              "accuracy": Ratio(_CORRECT, _TOKENS)}
 
 _BUILT_IN = {"classification": (classification, None), "regression": (regression, None), "lm": (lm, LM_METRICS)}
 

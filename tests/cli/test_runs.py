@@ -101,3 +101,25 @@ def test_a_run_without_any_manifest_is_unsealed_throughout_and_restores_unchecke
     assert code == 1
     assert out.splitlines()[1:] == [f"  step {step:>8}  unsealed  no {_integrity.MANIFEST} (written without one): it "
                                     "restores unchecked" for step in (0, 20, 40)]
+
+
+def test_inspect_and_plot_show_an_lm_runs_metrics_not_the_sums_they_divide(tmp_path, capsys):
+    """The lm task's `loss_sum`, `tokens` and `correct` stay in metrics.jsonl; inspect and
+    plot show the metrics (plot draws a part asked for by name)."""
+    workdir = tmp_path / "lm"
+    workdir.mkdir()
+    (workdir / "hparams.json").write_text(json.dumps({"task": "lm", "steps": 4}))
+    rows = [{"step": s, "loss": 2.0 / s, "loss_sum": 64.0 / s, "tokens": 32.0, "correct": 8.0 * s}
+            for s in (1, 2, 3, 4)]
+    rows.append({"step": 4, "eval/loss": 0.6, "eval/accuracy": 0.7})
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert _cli.main(["inspect", str(workdir)]) == 0
+    shown = capsys.readouterr().out
+    assert "eval/loss" in shown and "  loss  " in shown
+    assert not re.search(r"^\s+(loss_sum|tokens|correct)\s", shown, re.M), shown
+    assert "loss_sum" in (workdir / "metrics.jsonl").read_text()  # kept for whoever reads the records
+    pytest.importorskip("matplotlib")
+    assert _cli.main(["plot", str(workdir)]) == 0
+    assert capsys.readouterr().out.endswith("(3 scalars: eval/accuracy, eval/loss, loss)\n")
+    assert _cli.main(["plot", str(workdir), "--tags", "tokens"]) == 0  # asked for by name
+    assert capsys.readouterr().out.endswith("(1 scalars: tokens)\n")

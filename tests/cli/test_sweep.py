@@ -159,6 +159,7 @@ def test_a_2_by_2_grid_of_the_lm_config_writes_4_runs_a_table_and_one_plot(tmp_p
     table = out.strip().splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("seed  optimizer.learning_rate.peak_value"))
     assert "eval/loss" in table[header] and len(table[header + 1:header + 5]) == 4
+    assert not {"loss_sum", "tokens", "correct"} & set(table[header].split())  # the sums the metrics divide
     for line, row in zip(table[header + 1:header + 5], rows, strict=True):
         assert line.split()[:2] == list(row["point"].values())
         assert f"{row['metrics']['eval/loss']:.6g}" in line.split()
