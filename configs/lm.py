@@ -49,7 +49,7 @@ def get_config() -> dict:
             "weight_decay": 0.01,
             "weight_decay_mask": "matrices",  # kernels and embeddings, not biases or norm scales ("all": every one)
             "clip_global_norm": 1.0,  # clip the gradients' global norm first (None: no clipping)
-            "accumulate_steps": 1,  # average the gradients of N batches per update
+            "accumulate_steps": 1,  # each step's batch as N micro-batches: one update of their mean gradient
         },
         "hooks": [
             {"name": "ProgressBarHook", "fetches": ["loss"]},  # chief_only by default

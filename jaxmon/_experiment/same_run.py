@@ -76,13 +76,11 @@ def stalled_rate(config: Mapping[str, Any], step: int) -> str | None:
     rate = learning_rate_of(spec) if isinstance(spec, Mapping) else None
     if rate is None or not isinstance(steps, int) or steps <= step:
         return None
-    every = spec.get("accumulate_steps", 1)
-    every = every if isinstance(every, int) and every >= 1 else 1  # micro-batches an update (optax.MultiSteps)
-    if float(np.abs(rate(step // every))) > 0 or float(np.abs(rate((steps - 1) // every))) > 0:
-        return None  # the first or the last update of the resumed steps moves the parameters
+    if float(np.abs(rate(step))) > 0 or float(np.abs(rate(steps - 1))) > 0:
+        return None  # the first or the last update of the resumed steps moves the parameters (a step is one)
     schedule = spec["learning_rate"] if isinstance(spec["learning_rate"], Mapping) else {}
     lengths = [key for key in schedule if key.endswith("_steps")]
-    fix = (f"extend the schedule with the steps, e.g. --config.{_SCHEDULE}{lengths[-1]}={steps // every}"
+    fix = (f"extend the schedule with the steps, e.g. --config.{_SCHEDULE}{lengths[-1]}={steps}"
            if lengths else "give a learning rate above 0")
     return (f"The learning rate is 0 from step {step} to step {steps}: the schedule ended before the new last "
             f"step, so these steps would not change the parameters; {fix}.")

@@ -34,8 +34,8 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
       spec: `name` of an optax optimizer and its arguments; a `learning_rate` may be
         `{"name": <optax schedule>, ...}` (e.g. "warmup_cosine_decay_schedule");
         `clip_global_norm`: clip the gradients to this global norm first;
-        `accumulate_steps`: update once every that many steps with the mean of their
-        gradients (`optax.MultiSteps`);
+        `accumulate_steps`: the task's (`tasks.accumulate_steps`): each step's batch is
+        split into that many micro-batches whose mean gradient makes the one update;
         `weight_decay_mask`: which parameters an optimizer with weight decay (adamw,
         lion, lamb, adafactor, ...) decays: "matrices" (the default: those of 2 or more
         dimensions, not biases and norm scales, as nanoGPT, MaxText and Levanter do; see
@@ -47,16 +47,14 @@ def optimizer_of(spec: dict[str, Any]) -> optax.GradientTransformation:
       ConfigError: a name is not an optax function, or the arguments do not fit it.
     """
     name = pop_key(spec, "name", "optimizer.name")
-    clip, accumulate = spec.pop("clip_global_norm", None), spec.pop("accumulate_steps", 1)
-    decay_mask = spec.pop("weight_decay_mask", None)
+    clip, decay_mask = spec.pop("clip_global_norm", None), spec.pop("weight_decay_mask", None)
+    spec.pop("accumulate_steps", None)  # the task's: micro-batches of one step (`tasks.accumulate_steps`)
     if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip <= 0):
         raise ConfigError(f"optimizer.clip_global_norm={clip!r}: give a norm > 0, or None for no clipping.")
-    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
-        raise ConfigError(f"optimizer.accumulate_steps={accumulate!r}: give a number of steps >= 1.")
     tx = _optimizer(name, spec, decay_mask)
     if clip is not None:
         tx = optax.chain(optax.clip_by_global_norm(float(clip)), tx)
-    return tx if accumulate == 1 else optax.MultiSteps(tx, every_k_schedule=accumulate).gradient_transformation()
+    return tx
 
 
 def learning_rate_of(spec: Mapping[str, Any] | None) -> Callable[[Any], Any] | None:

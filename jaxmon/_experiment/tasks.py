@@ -155,7 +155,8 @@ cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 LM_METRICS = {"loss": Ratio(_LOSS_SUM, _TOKENS), "perplexity": Ratio(_LOSS_SUM, _TOKENS).then(np.exp),
               "accuracy": Ratio(_CORRECT, _TOKENS)}
 
-_BUILT_IN = {"classification": (classification, None), "regression": (regression, None), "lm": (lm, LM_METRICS)}
+_BUILT_IN = {"classification": (classification, None, ()), "regression": (regression, None, ()),
+             "lm": (lm, LM_METRICS, TASK_PARTS["lm"])}
 
 
 def task_of(task: Any) -> Callable[[TaskContext], Task]:
@@ -206,12 +207,15 @@ def _user_task(make_task: Callable[[TaskContext], Any], path: str) -> Callable[[
     return build
 
 
-def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None) -> Callable[[TaskContext], Task]:
+def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None,
+                parts: tuple[str, ...] = ()) -> Callable[[TaskContext], Task]:
     """A task that trains `context.model` with `context.optimizer` on `loss_fn` of its
     predictions on `batch["x"]`; a `loss_fn` with a `pad_id` parameter (the "lm" task's)
     gets the config's `data.pad_id`. Its step's outputs add `grad_norm` (the gradients'
     global norm, before any clipping) and `learning_rate` (the rate of the step's update,
-    from the `optimizer` section)."""
+    from the `optimizer` section). With `optimizer.accumulate_steps` N, each step's
+    batch is split into N micro-batches, scanned: the update takes their mean gradient,
+    the outputs are their means, but for `parts` (the sums a metric divides), summed."""
 
     def build(context: TaskContext) -> Task:
         model, tx = context.model, context.optimizer
@@ -222,6 +226,7 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
         if _takes(loss_fn, "pad_id"):
             loss_of = functools.partial(loss_fn, pad_id=pad_id(context.config))
         rate = learning_rate_of(context.config.get("optimizer"))
+        micro = accumulate_steps(context.config)
         x = context.example_batch["x"][:1]
         seed, impl = context.seed, prng_impl(context.config)
 
@@ -233,9 +238,24 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None)
         def evaluate(state: TrainState, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
             return loss_of(state.apply_fn({"params": params}, batch["x"]), batch)
 
-        def step_fn(state: TrainState, batch: Mapping[str, Any]):
+        def gradients(state: TrainState, batch: Mapping[str, Any]) -> tuple[Any, Any, Any]:
             (loss, metrics), grads = jax.value_and_grad(lambda p: evaluate(state, p, batch),
                                                         has_aux=True)(state.params)
+            return loss, metrics, grads
+
+        def step_fn(state: TrainState, batch: Mapping[str, Any]):
+            if micro == 1:
+                loss, metrics, grads = gradients(state, batch)
+            else:  # the batch's micro-batches one after another, their sums carried: one update
+                split = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), batch)
+                first = gradients(state, jax.tree.map(lambda x: x[0], split))
+
+                def add(total, one):
+                    return jax.tree.map(jnp.add, total, gradients(state, one)), None
+
+                (loss, metrics, grads), _ = jax.lax.scan(add, first, jax.tree.map(lambda x: x[1:], split))
+                loss, grads = loss / micro, jax.tree.map(lambda g: g / micro, grads)
+                metrics = {name: value if name in parts else value / micro for name, value in metrics.items()}
             outputs = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
             if rate is not None:
                 outputs["learning_rate"] = rate(updates_made(state.opt_state))
@@ -256,6 +276,21 @@ def updates_made(opt_state: Any) -> jax.Array:
     micro-batch; 0 for a state that counts nothing (a constant rate needs no count)."""
     counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
     return counts[0][1] if counts else jnp.zeros((), jnp.int32)
+
+
+def accumulate_steps(config: Mapping[str, Any]) -> int:
+    """The config's `optimizer.accumulate_steps` (default 1): the micro-batches each step's
+    batch of `data.batch_size` rows is split into, whose mean gradient makes its one
+    update; every interval (steps, evaluations, checkpoints) counts these updates."""
+    optimizer = config.get("optimizer") or {}
+    value = optimizer.get("accumulate_steps", 1) if isinstance(optimizer, Mapping) else 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"optimizer.accumulate_steps={value!r}: give a number of micro-batches a step, >= 1.")
+    rows = (config.get("data") or {}).get("batch_size")
+    if value > 1 and isinstance(rows, int) and rows % value:
+        raise ConfigError(f"optimizer.accumulate_steps={value} does not divide data.batch_size={rows}: each step's "
+                          f"batch is split into that many micro-batches of equal size; give a divisor of {rows}.")
+    return value
 
 
 def pad_id(config: Mapping[str, Any]) -> int | None:

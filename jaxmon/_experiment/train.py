@@ -55,8 +55,8 @@ def train_experiment(config: Mapping[str, Any], workdir: str | os.PathLike,
         a user's `make_task(context) -> jm.Task` (see `jm.Task`, `jm.TaskContext`);
       - `optimizer`: `name` of an optax optimizer and its arguments (a
         `learning_rate` may itself be `{"name": <optax schedule>, ...}`), and
-        `clip_global_norm` (gradient clipping) and `accumulate_steps` (gradients
-        accumulated over that many steps per update, `optax.MultiSteps`);
+        `clip_global_norm` (gradient clipping) and `accumulate_steps` (each step's
+        batch split into that many micro-batches, one update of their mean gradient);
       - `mesh` and `sharding`: the devices' named axes and where the state and the
         batches live on them (see `jaxmon/_experiment/mesh.py`); None: one device
         (with several JAX processes: a `data` axis over every device);

@@ -119,9 +119,8 @@ def test_steps_extended_past_a_schedule_that_ended_say_so_in_one_line_with_the_k
     assert stalled_rate(with_schedule(steps=300, decay_steps=300), 200) is None
     assert stalled_rate(with_schedule(steps=200), 200) is None  # nothing left to train
     assert stalled_rate(with_schedule(steps=150), 100) is None  # still decaying
-    # with accumulation, the schedule counts updates: 400 micro-batches of 2 are its 200 updates
-    assert stalled_rate(with_schedule(steps=400, accumulate=2), 300) is None
-    assert "decay_steps=300." in stalled_rate(with_schedule(steps=600, accumulate=2), 400)
+    # with accumulation a step is still one update: the schedule counts steps
+    assert stalled_rate(with_schedule(steps=300, accumulate=4), 200) == stalled_rate(with_schedule(steps=300), 200)
     assert stalled_rate(changed(steps=300), 200) is None  # a constant rate
 
 

@@ -16,7 +16,7 @@ import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
 from jaxmon._experiment.sections import optimizer_of, session_args_of, throughput_of
 
-#: configs/gpt2_small.py made small: 1 layer of 32, rows of 32 tokens, 4 a step, 2 steps a gradient.
+#: configs/gpt2_small.py made small: 1 layer of 32, rows of 32 tokens, 4 a step in 2 micro-batches of 2.
 OVERRIDES = ["--config.steps=40", "--config.optimizer.learning_rate.decay_steps=40",
              "--config.optimizer.learning_rate.warmup_steps=5", "--config.optimizer.accumulate_steps=2",
              "--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.embed_dim=32",
@@ -53,7 +53,7 @@ def test_a_small_gpt2_writes_perf_summaries_from_the_models_flop_count(tmp_path)
     flops = 4 * 32 * (6 * n + 12 * 1 * 32 * 32)  # 4 rows of 32 tokens a step
     for row in rows:
         rate = row["perf/steps_per_sec"]
-        assert row["perf/examples_per_sec"] == pytest.approx(4 * rate)  # a step is a micro-batch of 4 rows
+        assert row["perf/examples_per_sec"] == pytest.approx(4 * rate)  # a step is 4 rows, in 2 micro-batches
         assert row["perf/tokens_per_sec"] == pytest.approx(4 * 32 * rate)
         assert row["perf/tflops_per_sec_per_device"] == pytest.approx(flops * rate / 1e12)  # one device
         assert row["perf/mfu"] == pytest.approx(flops * rate / 1e12 / 0.5)

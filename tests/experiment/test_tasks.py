@@ -153,3 +153,43 @@ def test_a_constant_rate_is_output_as_it_is():
                                                  Transformer(**MODEL), optax.sgd(0.05), 0, EXAMPLE, None))
     _, outputs = task.step_fn(task.init_fn(), {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)})
     assert float(outputs["learning_rate"]) == pytest.approx(0.05) and float(outputs["grad_norm"]) > 0
+
+
+@pytest.mark.parametrize("task", ["lm", "classification"])
+def test_accumulating_4_micro_batches_of_a_32_row_batch_is_one_step_on_the_32_rows(task):
+    """nanoGPT's and MaxText's gradient accumulation: one update a step, from the mean
+    gradient of its micro-batches; the step's outputs are those of the whole batch (the lm
+    task's sums summed)."""
+    rng = np.random.default_rng(0)
+    if task == "lm":
+        batch = {"x": rng.integers(0, 11, (32, 8)).astype(np.int32), "y": rng.integers(0, 11, (32, 8)).astype(np.int32)}
+        model = Transformer(**MODEL)
+    else:
+        batch = {"x": rng.normal(size=(32, 8)).astype(np.float32), "y": rng.integers(0, 3, 32).astype(np.int32)}
+        model = jm.models.MLP(features=[16, 3])
+    schedule = {"name": "linear_schedule", "init_value": 0.01, "end_value": 0.0, "transition_steps": 10}
+    built = {}
+    for micro in (1, 4):
+        config = {"data": {"batch_size": 32}, "optimizer": {"name": "adamw", "learning_rate": schedule,
+                                                             "accumulate_steps": micro}}
+        tx = optax.adamw(optax.linear_schedule(0.01, 0.0, 10))
+        step = tasks.task_of(task)(tasks.TaskContext(config, model, tx, 0, {k: v[:2] for k, v in batch.items()},
+                                                     None))
+        state = step.init_fn()
+        for _ in range(2):
+            state, outputs = jax.jit(step.step_fn)(state, batch)
+        built[micro] = state, outputs
+    (one, whole), (four, parts) = built[1], built[4]
+    assert int(four.step) == int(one.step) == 2  # one update a step, micro-batches or not
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+    assert set(parts) == set(whole)
+    for name in whole:
+        np.testing.assert_allclose(float(parts[name]), float(whole[name]), rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+def test_accumulate_steps_must_divide_the_batch():
+    config = {"data": {"batch_size": 30},
+              "optimizer": {"name": "adamw", "learning_rate": 0.1, "accumulate_steps": 4}}
+    with pytest.raises(jm.ConfigError, match=r"accumulate_steps=4 does not divide data.batch_size=30: .* of 30"):
+        tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), optax.adamw(0.1), 0, EXAMPLE, None))
