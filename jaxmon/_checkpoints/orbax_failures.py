@@ -175,7 +175,7 @@ def none_restores(directory: str, failures: list[tuple[int, BaseException]], lik
         wanted, stored = shapes.groups()
         leaves = [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_leaves_with_path(like)
                   if str(tuple(getattr(leaf, "shape", ()))) == wanted]
-        which = f"the state's {' or '.join(leaves[:3]) or 'leaf'}" if leaves else "a leaf of the state"
+        which = f"the state's {' or '.join(leaves[:3])}" if leaves else "a leaf of the state"
         return (f"{tried}: {which} is {wanted} where checkpoint {step} has {stored}. A model whose shapes changed "
                 f"is a new run: give it a new checkpoint_dir, with warm_start={directory!r} to take the leaves "
                 "that still fit.")

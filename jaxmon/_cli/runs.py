@@ -231,7 +231,8 @@ def _plot(args: argparse.Namespace) -> int:
             return 2
         series = read_series(path, goodput=bool(args.tags))  # asked for by name, the goodput seconds too
         if not args.tags:  # the sums a metric divides, unless asked for by name
-            series = {tag: values for tag, values in series.items() if tag not in metric_parts(workdir)}
+            parts = metric_parts(workdir)
+            series = {tag: values for tag, values in series.items() if tag not in parts}
         if args.tags:
             missing = sorted(set(args.tags) - set(series))
             if missing:

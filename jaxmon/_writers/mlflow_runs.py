@@ -59,9 +59,10 @@ class MlflowWriter(NoArrays):
         if not installed("mlflow"):
             raise ConfigError("MlflowWriter needs MLflow, which is not installed: pip install 'jaxmon[mlflow]'.")
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri or not _file_store(uri) or os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() == "true":
+            return
         version = _version()
-        if uri and _file_store(uri) and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true" and \
-                _refuses_file_stores(version):
+        if _refuses_file_stores(version):
             raise ConfigError(
                 f"tracking_uri {uri!r} is a file store, which MLflow {version} refuses unless "
                 "MLFLOW_ALLOW_FILE_STORE=true is set: set it, or track into a database such as "
