@@ -258,7 +258,7 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None,
                 metrics = {name: value if name in parts else value / micro for name, value in metrics.items()}
             outputs = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
             if rate is not None:
-                outputs["learning_rate"] = rate(updates_made(state.opt_state))
+                outputs["learning_rate"] = rate(state.step)  # a step is one update, micro-batches or not
             return state.apply_gradients(grads=grads), outputs
 
         def eval_fn(state: TrainState, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,14 +268,6 @@ def _model_task(loss_fn: Callable, eval_metrics: Mapping[str, Reduction] | None,
         return Task(init_fn, step_fn, eval_fn, eval_metrics)
 
     return build
-
-
-def updates_made(opt_state: Any) -> jax.Array:
-    """How many updates an optax optimizer's state has made: the first `count` in it (a
-    schedule's, Adam's: equal), which `optax.MultiSteps` keeps per update, not per
-    micro-batch; 0 for a state that counts nothing (a constant rate needs no count)."""
-    counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
-    return counts[0][1] if counts else jnp.zeros((), jnp.int32)
 
 
 def accumulate_steps(config: Mapping[str, Any]) -> int:

@@ -135,17 +135,17 @@ def test_a_built_in_tasks_step_outputs_its_gradient_norm_and_the_rate_of_its_upd
 
 
 def test_with_accumulation_the_rate_counts_updates_not_micro_batches():
-    config = {"optimizer": {"name": "sgd", "learning_rate": {"name": "linear_schedule", "init_value": 0.0,
-                                                            "end_value": 0.4, "transition_steps": 4}}}
-    tx = optax.MultiSteps(optax.sgd(optax.linear_schedule(0.0, 0.4, 4)), every_k_schedule=2)
-    task = tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), tx.gradient_transformation(), 0,
-                                                 EXAMPLE, None))
+    config = {"data": {"batch_size": 4}, "optimizer": {
+        "name": "sgd", "accumulate_steps": 2,
+        "learning_rate": {"name": "linear_schedule", "init_value": 0.0, "end_value": 0.4, "transition_steps": 4}}}
+    tx = optax.sgd(optax.linear_schedule(0.0, 0.4, 4))
+    task = tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), tx, 0, EXAMPLE, None))
     state, step = task.init_fn(), jax.jit(task.step_fn)
     rates = []
-    for _ in range(5):
+    for _ in range(5):  # each step: 2 micro-batches of 2 rows, one update
         state, outputs = step(state, {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)})
         rates.append(float(outputs["learning_rate"]))
-    assert rates == pytest.approx([0.0, 0.0, 0.1, 0.1, 0.2])
+    assert rates == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
 def test_a_constant_rate_is_output_as_it_is():
