@@ -124,16 +124,41 @@ def flush_std_streams() -> None:
             pass
 
 
+class _LastLines:
+    """The real stderr once `write_last_line` has pointed fd 2 at the null device, and the
+    lock that keeps two threads' last lines (the main thread's and the coordination
+    client's) whole and both on it."""
+
+    lock = threading.Lock()
+    stderr: int | None = None
+
+
+_last_lines = _LastLines()
+
+
 def write_last_line(text: str) -> None:
     """Writes `text` to stderr as the process's last output: stderr (fd 2) is pointed at
     the null device first, so that what another thread writes from here on (a native
     log line from JAX's coordination client, say, in the few milliseconds before the
     process ends) cannot come after it; a write begun before is given 50 ms to land.
     For a process about to end: Python's `sys.stderr` writes nowhere after this, and
-    Ctrl-C, SIGTERM or SIGHUP from here on is ignored (the line is on its way)."""
+    Ctrl-C, SIGTERM or SIGHUP from here on is ignored (the line is on its way). A second
+    last line, from another thread, comes after the first on the real stderr."""
     if _stage.name == "main":
         _stage.name = "ending"
     flush_std_streams()
+    with _last_lines.lock:
+        if _last_lines.stderr is None:
+            _last_lines.stderr = _quiet_stderr()
+        try:
+            os.write(_last_lines.stderr, text.encode(errors="replace"))
+        except OSError:  # stderr closed: the exit code still says it
+            pass
+
+
+def _quiet_stderr() -> int:
+    """Points fd 2 at the null device; returns a descriptor of the stderr before (2 itself
+    where there is none to save)."""
     try:
         saved = os.dup(2)
         null = os.open(os.devnull, os.O_WRONLY)
@@ -141,11 +166,8 @@ def write_last_line(text: str) -> None:
         os.close(null)
         time.sleep(0.05)  # for a write that another thread had begun on the old stderr to land first
     except OSError:  # no stderr to save: it goes where it can
-        saved = 2
-    try:
-        os.write(saved, text.encode(errors="replace"))
-    except OSError:  # stderr closed: the exit code still says it
-        pass
+        return 2
+    return saved
 
 
 def launcher_says() -> bool:

@@ -100,3 +100,15 @@ def test_the_last_line_comes_after_everything_else_written_to_stderr():
                "sys.stderr.write('after\\n'); sys.stderr.flush()\n")
     result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == "before\nthe last line\n"
+
+
+def test_two_threads_last_lines_both_land_whole_after_everything_else():
+    program = ("import sys, threading\n"
+               "from jaxmon._base.signals import write_last_line\n"
+               "sys.stderr.write('before\\n')\n"
+               "threads = [threading.Thread(target=write_last_line, args=(f'line {i}\\n',)) for i in range(2)]\n"
+               "[thread.start() for thread in threads]; [thread.join() for thread in threads]\n"
+               "sys.stderr.write('after\\n'); sys.stderr.flush()\n")
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert result.stderr in ("before\nline 0\nline 1\n", "before\nline 1\nline 0\n"), result.stderr
