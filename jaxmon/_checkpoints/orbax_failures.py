@@ -30,6 +30,7 @@ from orbax.checkpoint._src import asyncio_utils
 
 from jaxmon._base.paths import FULL_DISK, free_bytes, size_text
 from jaxmon._checkpoints import integrity as _integrity
+from jaxmon._checkpoints.step_dirs import disk_bytes
 
 logger = logging.getLogger("jaxmon")
 
@@ -81,20 +82,7 @@ def _room(directory: str, kept: list[int]) -> str:
     free = "the OS does not say what is free" if free is None else f"{size_text(free)} free there"
     if not kept:
         return free
-    return f"checkpoint {kept[-1]} takes {size_text(_bytes_in(os.path.join(directory, str(kept[-1]))))}; {free}"
-
-
-def _bytes_in(directory: str) -> int:
-    """The bytes the files under `directory` take on its disk (their blocks, where the OS counts them)."""
-    total = 0
-    for root, _, names in os.walk(directory):
-        for name in names:
-            try:
-                stat = os.lstat(os.path.join(root, name))
-            except OSError:  # removed meanwhile
-                continue
-            total += getattr(stat, "st_blocks", 0) * 512 or stat.st_size
-    return total
+    return f"checkpoint {kept[-1]} takes {size_text(disk_bytes(os.path.join(directory, str(kept[-1]))))}; {free}"
 
 
 def brief(error: BaseException, limit: int = 300) -> str:

@@ -114,8 +114,15 @@ def _counts(path: Any) -> bool:
 
 
 def disk_bytes(path: str | os.PathLike) -> int:
-    """The bytes of every file below `path`."""
-    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    """The bytes of every file below `path` (a file removed meanwhile counts none)."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def unfinished_saves(directory: str | os.PathLike) -> list[str]:
