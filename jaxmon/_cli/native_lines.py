@@ -6,13 +6,10 @@ communicator (a C++ `std::cout` no flag turns off). `jaxmon train` drops them un
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
-import struct
+import select
 import sys
-import termios
 import threading
-import time
 
 #: The starts of the native lines dropped.
 DROPPED = (b"[Gloo] ",)
@@ -42,52 +39,43 @@ def drop_native_lines() -> None:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.close(null)
-        deadline = time.monotonic() + DRAIN_SECS
-        while thread.is_alive() and time.monotonic() < deadline:
-            if copier.waiting.is_set() and not _unread(read):
-                copier.finish()
-                return
-            time.sleep(0.01)
+        copier.close()
+        thread.join(timeout=DRAIN_SECS)
 
     atexit.register(drain)
 
 
 class _Copier:
-    """Copies the lines that reach `read` to `to`, but the `DROPPED` ones. `waiting` is set
-    while it waits for more with all it read written but a line's start (`pending`)."""
+    """Copies the lines that reach `read` to `to`, but the `DROPPED` ones, until the pipe
+    ends or, after `close()`, holds nothing more."""
 
     def __init__(self, read: int, to: int):
         self.read, self.to = read, to
-        self.pending = b""
-        self.waiting = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+
+    def close(self) -> None:
+        """Ends the copy once what is in the pipe now is copied (what this process wrote
+        to it is there: a pipe's write returns once its bytes are in the pipe)."""
+        os.write(self._wake_write, b"x")
 
     def run(self) -> None:
+        pending = b""
         while True:
-            self.waiting.set()
+            ready, _, _ = select.select([self.read, self._wake_read], [], [])
+            if self.read not in ready:  # woken by close(), with the pipe empty
+                break
             try:
                 chunk = os.read(self.read, 65536)
             except OSError:
-                return
-            finally:
-                self.waiting.clear()
+                break
             if not chunk:
-                self.finish()
-                return
-            *lines, self.pending = (self.pending + chunk).split(b"\n")
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
             kept = b"".join(line + b"\n" for line in lines if not line.startswith(DROPPED))
             if kept:
                 _write(self.to, kept)
-
-    def finish(self) -> None:
-        """Writes the last line's start, which no newline ended."""
-        if self.pending and not self.pending.startswith(DROPPED):
-            _write(self.to, self.pending)
-        self.pending = b""
-
-
-def _unread(read: int) -> int:
-    """The bytes waiting in the pipe `read`."""
-    return struct.unpack("i", fcntl.ioctl(read, termios.FIONREAD, b"\0\0\0\0"))[0]
+        if pending and not pending.startswith(DROPPED):  # a last line that no newline ended
+            _write(self.to, pending)
 
 
 def _write(to: int, data: bytes) -> None:
