@@ -16,7 +16,8 @@ the table, the top ops, each part's last lines), rewritten after every part; log
 directories and the trace go to --scratch. Exit status 0 when every part gave its
 figures, 1 otherwise.
 
-Environment: GPU_CHECK_SMALL=1 tiny models (to try the check on a CPU);
+Environment: GPU_CHECK_SMALL=1 tiny models and the first test alone (to try the check on
+a CPU, where the suite runs the other tests);
 GPU_CHECK_DIVERGE=1 the bfloat16 transformer's sessions diverge (a learning rate of 1e6:
 the check's own test of a session that stops); GPU_CHECK_BUDGET_S the budget.
 
@@ -326,7 +327,7 @@ def parts(scratch: str, small: bool, diverge: bool) -> list[Part]:
     bf16 = flags("--override", ["model.dtype=bfloat16", *(DIVERGE if diverge else [])])
     return [
         Part("tests", limits["tests"], [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                                        *TESTS], read_tests),
+                                        *(TESTS[:1] if small else TESTS)], read_tests),
         Part("transformer_f32", limits["transformer_f32"],
              [python, "benchmarks/transformer_overhead.py", *timing, *lm], read_timings),
         Part("transformer_bf16", limits["transformer_bf16"],
