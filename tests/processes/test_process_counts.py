@@ -13,6 +13,7 @@ batches, turns twice on the way). A source whose positions are its processes' ow
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +58,28 @@ def uninterrupted(request, tmp_path_factory):
     return request.param, batches
 
 
+@pytest.fixture(scope="module")
+def two_to_6(uninterrupted, tmp_path_factory):
+    """(the directory of `uninterrupted`'s loader trained to step 6 on two processes, its
+    output): the first run of each resume from two processes, which starts from a copy."""
+    loader = uninterrupted[0]
+    directory = tmp_path_factory.mktemp(f"two-to-6-{loader}")
+    return directory, _train(loader, directory, 2, 6, directory / "first")
+
+
 @pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (2, 4)], ids=["2-to-1", "1-to-2", "2-to-4"])
 def test_a_resume_on_another_number_of_processes_sees_the_uninterrupted_global_batches(uninterrupted, tmp_path,
-                                                                                       before, after):
+                                                                                       before, after, request):
     loader, expected = uninterrupted
-    first = _train(loader, tmp_path, before, 6, tmp_path / "first")
-    assert _global_batches(tmp_path / "first", before, 6) == (0, expected[:6])
+    if before == 2:  # the same first run for each number of processes after it
+        directory, first = request.getfixturevalue("two_to_6")
+        shutil.copytree(directory / "run", tmp_path / "run")
+        first_ids = directory / "first"
+    else:
+        first, first_ids = _train(loader, tmp_path, before, 6, tmp_path / "first"), tmp_path / "first"
+    assert _global_batches(first_ids, before, 6) == (0, expected[:6])
     second = _train(loader, tmp_path, after, LAST, tmp_path / "second")
     assert _global_batches(tmp_path / "second", after, LAST) == (6, expected[6:])
     warned = [line for line in (first + second).splitlines() if "WARNING" in line and "is a straggler" not in line]
