@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,13 +367,21 @@ def _signal_after_checkpoint_20(tmp_path: Path, signum: int, victim: int) -> tup
     return launcher.returncode, out, err, seconds
 
 
+@pytest.fixture(scope="module")
+def to_the_end(tmp_path_factory):
+    """`jaxmon train --processes 2` on a tiny config to step 40: (its workdir, the launcher's
+    exit code, stdout and stderr)."""
+    directory = tmp_path_factory.mktemp("to-the-end")
+    launcher = _launch_processes(tiny_config(directory, steps=40), directory / "run")
+    out, err = _finish(launcher)
+    return directory / "run", launcher.returncode, out, err
+
+
 @pytest.mark.processes
 @pytest.mark.slow
-def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
-    workdir = tmp_path / "run"
-    launcher = _launch_processes(tiny_config(tmp_path, steps=40), workdir)
-    out, err = _finish(launcher)
-    assert launcher.returncode == 0, err[-3000:]
+def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(to_the_end):
+    workdir, code, out, err = to_the_end
+    assert code == 0, err[-3000:]
     lines = out.strip().splitlines()
     assert lines[0].startswith("Training in 2 processes on the CPU of this machine (coordinator 127.0.0.1:")
     assert RESULT.fullmatch(lines[-1]) and int(RESULT.fullmatch(lines[-1])[1]) == 40, out
@@ -394,17 +403,19 @@ def test_two_processes_train_to_the_end_and_the_chief_writes_the_run(tmp_path):
 
 @pytest.mark.processes
 @pytest.mark.slow
-def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(tmp_path):
+def test_a_resume_in_two_processes_is_quiet_about_the_chiefs_windows(to_the_end, tmp_path):
     """Process 1 declares the chief's summary windows (`Declared`): the chief's checkpoint
-    holds the same windows, so its resume restores them without a warning."""
+    holds the same windows, so its resume restores them without a warning. The run to 40
+    (a copy of its workdir) goes on to 50."""
     workdir = tmp_path / "run"
-    out, err = _finish(_launch_processes(tiny_config(tmp_path, steps=20), workdir))
-    assert RESULT.search(out), err[-3000:]
-    launcher = _launch_processes(tiny_config(tmp_path, steps=30), workdir)
+    trained, code, out, err = to_the_end
+    assert code == 0 and RESULT.search(out), err[-3000:]
+    shutil.copytree(trained, workdir)
+    launcher = _launch_processes(tiny_config(tmp_path, steps=50), workdir)
     out, err = _finish(launcher)
-    assert launcher.returncode == 0 and RESULT.search(out)[1] == "30", err[-3000:]
+    assert launcher.returncode == 0 and RESULT.search(out)[1] == "50", err[-3000:]
     log = (workdir / "process-1.log").read_text()
-    assert "[process 1/2] Restored step 20 from" in log, log[-2000:]
+    assert "[process 1/2] Restored step 40 from" in log, log[-2000:]
     # No warning of any kind but a straggler's, which a loaded machine can make of either process.
     warnings = [line for line in log.splitlines() if "WARNING" in line and "is a straggler" not in line]
     assert "holds the windows" not in log + out + err and not warnings, log[-3000:]
