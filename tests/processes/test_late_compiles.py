@@ -30,6 +30,8 @@ from helpers import ROOT, cpu_env, tiny_config
 import jaxmon as jm
 
 LATE = "35"  # past gloo's 30 s
+STEPS = 60
+SESSION = '"steps_per_dispatch": 2, "scan_unroll": 1'  # runs of two steps, a program per run length
 RESULT = re.compile(r"step (\d+): test accuracy ([\d.]+), loss ([\d.]+)  \((.+)\)")
 WAITED = re.compile(r"Waited (\d+\.\d) s for the other processes to compile the step\.")
 
@@ -76,39 +78,48 @@ def _params(workdir: Path) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(jm.restore_checkpoint(workdir).state)]
 
 
+@pytest.fixture(scope="module")
+def late_run(tmp_path_factory):
+    """A run to step 60 whose process 1 compiles the first step's program, the first
+    evaluation's and the program of the first run of two steps 35 s late: (its workdir,
+    the launcher's exit code, stdout, stderr)."""
+    directory = tmp_path_factory.mktemp("late")
+    launcher = _launch(tiny_config(directory, steps=STEPS, late_compiles=True, session=SESSION), directory / "run",
+                       LATE_COMPILE_SECS=LATE, LATE_COMPILES="jit_variant:2,jit__traced:1")
+    out, err = _finish(launcher)
+    return directory / "run", launcher.returncode, out, err
+
+
 @pytest.mark.processes
 @pytest.mark.slow
-def test_process_1_35_s_late_at_its_first_step_evaluation_and_run_length_still_trains_to_the_end(tmp_path):
+def test_process_1_35_s_late_at_its_first_step_evaluation_and_run_length_still_trains_to_the_end(late_run):
     """The first step's program, the first evaluation's and the program of the first run of
     two steps (one program per run length, the accelerators' choice): each compiled 35 s
     after process 0 has it."""
-    workdir = tmp_path / "run"
-    config = tiny_config(tmp_path, steps=40, late_compiles=True, session='"steps_per_dispatch": 2, "scan_unroll": 1')
-    launcher = _launch(config, workdir, LATE_COMPILE_SECS=LATE, LATE_COMPILES="jit_variant:2,jit__traced:1")
-    out, err = _finish(launcher)
-    assert launcher.returncode == 0, err[-3000:]
-    assert RESULT.search(out)[1] == "40", out[-2000:]
+    workdir, code, out, err = late_run
+    assert code == 0, err[-3000:]
+    assert RESULT.search(out)[1] == "60", out[-2000:]
     log = (workdir / "process-1.log").read_text()
     assert log.count(f"LateCompiles: jit_variant {LATE} s late") == 2, log[-3000:]
     assert log.count(f"LateCompiles: jit__traced {LATE} s late") == 1, log[-3000:]
     assert float(WAITED.search(out + err)[1]) >= 30, out + err  # process 0 waited for the first step's compile
-    assert jm.latest_checkpoint_step(workdir) == 40
+    assert jm.latest_checkpoint_step(workdir) == 60
 
 
 @pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the child process in /proc")
-def test_a_rerun_after_a_sigkill_resumes_exactly_though_only_process_0_finds_its_programs_in_the_cache(tmp_path):
+def test_a_rerun_after_a_sigkill_resumes_exactly_though_only_process_0_finds_its_programs_in_the_cache(tmp_path,
+                                                                                                       late_run):
     """The trial's false PeerError: process 1 SIGKILLed after checkpoint 20, then the same
     command again, with the workdir's compilation cache on: process 0 finds its step in
-    the cache, process 1 compiles it (35 s late). The rerun ends as an uninterrupted run."""
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    out, err = _finish(_launch(tiny_config(reference, steps=60, late_compiles=True), reference / "run"))
-    assert RESULT.search(out)[1] == "60", err[-3000:]
+    the cache, process 1 compiles it (35 s late). The rerun ends as the uninterrupted run
+    of `late_run` did (late compiles change no number)."""
+    reference, code, out, err = late_run
+    assert code == 0 and RESULT.search(out)[1] == "60", err[-3000:]
 
     workdir = tmp_path / "run"
-    config = tiny_config(tmp_path, steps=60, sleep=0.1, late_compiles=True)
+    config = tiny_config(tmp_path, steps=STEPS, sleep=0.2, late_compiles=True, session=SESSION)  # 0.1 s a step
     launcher = _launch(config, workdir)
     try:
         deadline = time.monotonic() + 240
@@ -121,14 +132,14 @@ def test_a_rerun_after_a_sigkill_resumes_exactly_though_only_process_0_finds_its
         out, err = _finish(launcher, timeout=60)
     assert launcher.returncode == 128 + signal.SIGKILL, err[-3000:]
     saved = jm.latest_checkpoint_step(workdir)
-    assert 20 <= saved < 60
+    assert 20 <= saved < STEPS
     assert any((workdir / "compilation_cache").iterdir())  # process 0 wrote its programs there
 
     rerun = _launch(config, workdir, LATE_COMPILE_SECS=LATE, LATE_COMPILES="jit_variant:1")
     out, err = _finish(rerun)
     assert rerun.returncode == 0, err[-3000:]
-    assert f"Resumed from step {saved} in {workdir}; training on to step 60." in out, out[-2000:]
+    assert f"Resumed from step {saved} in {workdir}; training on to step {STEPS}." in out, out[-2000:]
     assert float(WAITED.search(out + err)[1]) >= 30, out + err  # process 0 had its step from the cache
     assert f"LateCompiles: jit_variant {LATE} s late" in (workdir / "process-1.log").read_text()
-    for got, want in zip(_params(workdir), _params(reference / "run"), strict=True):
+    for got, want in zip(_params(workdir), _params(reference), strict=True):
         np.testing.assert_array_equal(got, want)
