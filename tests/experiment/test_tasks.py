@@ -17,15 +17,15 @@ from jaxmon._experiment import tasks
 from jaxmon._experiment.parts import load_data
 from jaxmon.models import Transformer
 
-MODEL = {"vocab_size": 11, "max_len": 8, "num_layers": 2, "num_heads": 2, "embed_dim": 8, "mlp_dim": 16}
+MODEL = {"vocab_size": 11, "max_len": 8, "num_layers": 1, "num_heads": 2, "embed_dim": 8, "mlp_dim": 16}
 
 
 EXAMPLE = {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)}
 
 
-def context(scan_layers=False, **config):
-    return tasks.TaskContext(config, Transformer(**MODEL, scan_layers=scan_layers), optax.adamw(1e-3), 0, EXAMPLE,
-                             None)
+def context(scan_layers=False, num_layers=1, **config):
+    return tasks.TaskContext(config, Transformer(**{**MODEL, "num_layers": num_layers}, scan_layers=scan_layers),
+                             optax.adamw(1e-3), 0, EXAMPLE, None)
 
 
 def compiled(fn, caplog):
@@ -51,7 +51,7 @@ def test_the_fresh_state_is_one_program_and_a_second_call_compiles_nothing(scan_
 
 
 def test_scanned_layers_stack_one_block_s_parameters_on_a_layers_axis():
-    state = tasks.task_of("lm")(context(scan_layers=True)).init_fn()
+    state = tasks.task_of("lm")(context(scan_layers=True, num_layers=2)).init_fn()
     assert "block_0" not in state.params
     assert state.params["blocks"]["mlp_in"]["kernel"].shape == (2, 8, 16)  # (layers, embed, mlp)
 
@@ -98,7 +98,7 @@ def test_the_lm_task_masks_the_configs_pad_id_and_no_id_without_one():
     counted = {}
     for name, config in {"none": {}, "zero": {"data": {"pad_id": 0}}, "five": {"data": {"pad_id": 5}}}.items():
         task = tasks.task_of("lm")(context(**config))
-        metrics = task.eval_fn(task.init_fn(), batch)
+        metrics = jax.jit(task.eval_fn)(task.init_fn(), batch)
         counted[name] = float(metrics["tokens"])
         assert float(metrics["loss"]) == pytest.approx(float(metrics["loss_sum"]) / counted[name], rel=1e-6)
     assert counted == {"none": 16.0, "zero": 12.0, "five": 14.0}
@@ -123,10 +123,12 @@ def test_a_built_in_tasks_step_outputs_its_gradient_norm_and_the_rate_of_its_upd
     tx = optax.chain(optax.clip_by_global_norm(0.01), optax.adamw(optax.linear_schedule(0.0, 0.4, 4)))
     task = tasks.task_of("lm")(tasks.TaskContext(config, Transformer(**MODEL), tx, 0, EXAMPLE, None))
     state, step = task.init_fn(), jax.jit(task.step_fn)
+    gradients = jax.jit(jax.grad(lambda params, state, batch: task.eval_fn(state.replace(params=params),
+                                                                           batch)["loss"]))
     batch = {"x": np.ones((4, 8), np.int32), "y": np.full((4, 8), 3, np.int32)}
     rates = []
     for _ in range(3):
-        grads = jax.grad(lambda p, state=state: task.eval_fn(state.replace(params=p), batch)["loss"])(state.params)
+        grads = gradients(state.params, state, batch)
         state, outputs = step(state, batch)
         rates.append(float(outputs["learning_rate"]))
         assert float(outputs["grad_norm"]) == pytest.approx(float(optax.tree.norm(grads)), rel=1e-5)
@@ -151,7 +153,8 @@ def test_with_accumulation_the_rate_counts_updates_not_micro_batches():
 def test_a_constant_rate_is_output_as_it_is():
     task = tasks.task_of("lm")(tasks.TaskContext({"optimizer": {"name": "sgd", "learning_rate": 0.05}},
                                                  Transformer(**MODEL), optax.sgd(0.05), 0, EXAMPLE, None))
-    _, outputs = task.step_fn(task.init_fn(), {"x": np.ones((4, 8), np.int32), "y": np.ones((4, 8), np.int32)})
+    _, outputs = jax.jit(task.step_fn)(task.init_fn(), {"x": np.ones((4, 8), np.int32),
+                                                        "y": np.ones((4, 8), np.int32)})
     assert float(outputs["learning_rate"]) == pytest.approx(0.05) and float(outputs["grad_norm"]) > 0
 
 
