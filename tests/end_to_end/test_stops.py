@@ -6,6 +6,7 @@ uninterrupted run's records, record for record."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,27 @@ def whole(config):
     return workdir
 
 
+@pytest.fixture(scope="module")
+def stop(config):
+    """`stop(signum)`: a run of `config` sent `signum` after step STOP_AT, once per signal
+    for the module: (its workdir, a copy of the workdir as the stop left it, its
+    `CompletedProcess`, the time it ended, the file of the time the signal was sent)."""
+    runs = {}
+
+    def stopped_run(signum):
+        if signum not in runs:
+            workdir, sent = config.parent / signum.name, config.parent / f"{signum.name}.sent"
+            result = train(config, workdir, env={"SIGNAL_AT": signum.name, "SIGNAL_AT_STEP": str(STOP_AT),
+                                                 "SIGNAL_AT_FILE": str(sent)})
+            ended = time.time()
+            copy = config.parent / f"{signum.name}.stopped"
+            shutil.copytree(workdir, copy)
+            runs[signum] = workdir, copy, result, ended, sent
+        return runs[signum]
+
+    return stopped_run
+
+
 def train(config, workdir, env=None):
     return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
                            str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -97,11 +119,8 @@ def stop_secs(stderr):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["sigterm", "ctrl-c", "sighup"])
-def test_a_stop_between_checkpoints_resumes_into_a_whole_runs_records(config, whole, signum, tmp_path):
-    workdir, sent = tmp_path / "run", tmp_path / "sent"
-    stopped = train(config, workdir, env={"SIGNAL_AT": signum.name, "SIGNAL_AT_STEP": str(STOP_AT),
-                                          "SIGNAL_AT_FILE": str(sent)})
-    ended = time.time()
+def test_a_stop_between_checkpoints_resumes_into_a_whole_runs_records(config, whole, stop, signum):
+    workdir, _, stopped, ended, sent = stop(signum)
     assert stopped.returncode == EXIT[signum], stopped.stderr[-3000:]
     step, secs = stop_secs(stopped.stderr)
     assert STOP_AT <= step < 30, step  # the step boundary after the signal: no checkpoint, evaluation or summary step
@@ -127,10 +146,8 @@ def test_a_stop_between_checkpoints_resumes_into_a_whole_runs_records(config, wh
     assert_same_checkpoint(workdir, whole, STEPS)
 
 
-def test_the_stop_writes_no_record_at_its_step(config, whole, tmp_path):
-    workdir = tmp_path / "run"
-    stopped = train(config, workdir, env={"SIGNAL_AT": "SIGTERM", "SIGNAL_AT_STEP": str(STOP_AT),
-                                          "SIGNAL_AT_FILE": str(tmp_path / "sent")})
+def test_the_stop_writes_no_record_at_its_step(whole, stop):
+    _, workdir, stopped, _, _ = stop(signal.SIGTERM)  # the workdir as the stop left it
     step, _ = stop_secs(stopped.stderr)
     written = [(record["step"], sorted(record)) for record in records(os.fspath(workdir / "metrics.jsonl"))]
     assert written == [(record["step"], sorted(record)) for record in records(os.fspath(whole / "metrics.jsonl"))
