@@ -40,9 +40,7 @@ def fill(directory):
 
 
 @pytest.mark.slow
-def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps(tmp_path):
-    reference = tmp_path / "reference"
-    assert train(reference, "--config.steps=1", *SAVES_ONLY).returncode == 0  # its step 0: the same init
+def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps(trained, tmp_path):
     with tmpfs(tmp_path / "disk", "700k") as disk:  # room for one checkpoint of the CNN, not two
         workdir = disk / "run"
         result = train(workdir, "--config.steps=5000", *SAVES_ONLY, "--config.session.save_checkpoint_steps=500")
@@ -54,7 +52,7 @@ def test_a_disk_that_fills_during_an_async_save_stops_the_run_within_a_few_steps
         # Before, the failure surfaced at the next save, step 1000: now a few runs after the write failed.
         assert 500 < stopped < 750, last
         assert complete_steps(workdir) == [0] and "the newest: 0" in last
-        assert_same_checkpoint(workdir, reference, 0)
+        assert_same_checkpoint(workdir, trained, 0)  # the same init as another run of the config
 
 
 def test_a_save_that_fails_in_the_background_is_raised_by_a_run_not_the_next_save(tmp_path):
