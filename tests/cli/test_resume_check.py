@@ -29,13 +29,14 @@ def load(split, **kwargs):
     return batches()
 '''
 
-GENERATOR_CONFIG = f'''
+#: The config at BASE, its training data from `PLAIN_GENERATOR`.
+GENERATOR_CONFIG = '''
 import runpy
 
 
 def get_config():
-    config = runpy.run_path({DEFAULT!r})["get_config"]()
-    config["data"] = {{"source": "plain_data:load", "batch_size": 32}}
+    config = runpy.run_path(BASE)["get_config"]()
+    config["data"] = {"source": "plain_data:load", "batch_size": 32}
     return config
 '''
 
@@ -78,7 +79,8 @@ def test_the_default_config_cut_by_sigkill_and_resumed_is_the_whole_run(tmp_path
 
 def test_data_without_a_position_is_the_one_line_it_reports(tmp_path):
     (tmp_path / "plain_data.py").write_text(PLAIN_GENERATOR)
-    (tmp_path / "generator.py").write_text(GENERATOR_CONFIG)
+    base = tiny_config(tmp_path, steps=20)
+    (tmp_path / "generator.py").write_text(GENERATOR_CONFIG.replace("BASE", repr(str(base))))
     result = check_resume("--config", tmp_path / "generator.py", "--workdir", tmp_path / "runs")
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     header, line = result.stdout.strip().splitlines()
