@@ -165,7 +165,7 @@ def test_the_lm_configs_adamw_decays_the_transformers_matrices_only():
     parts = parts_of(config)
     params = parts.init_fn().params
     tx = parts.context.optimizer
-    updates, _ = tx.update(jax.tree.map(np.zeros_like, params), tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(jax.tree.map(np.zeros_like, params), tx.init(params), params)
     moved = {jax.tree_util.keystr(path): (np.ndim(leaf), bool(np.any(np.asarray(update) != 0)))
              for (path, leaf), update in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(updates),
                                              strict=True)}
