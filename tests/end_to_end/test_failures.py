@@ -13,7 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import DEFAULT, ROOT, SAVES_ONLY, assert_fails, assert_same_checkpoint, signal_between_saves, tmpfs, train
+from helpers import (
+    DEFAULT,
+    ROOT,
+    SAVES_ONLY,
+    assert_fails,
+    assert_same_checkpoint,
+    signal_between_saves,
+    tiny_config,
+    tmpfs,
+    train,
+)
 
 import jaxmon as jm
 from jaxmon._checkpoints.manager import complete_steps
@@ -55,15 +65,16 @@ def test_a_workdir_that_cannot_be_written_exits_2(tmp_path):
 
 def test_a_workdir_in_use_by_another_run_exits_2_naming_that_run(tmp_path):
     workdir = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", DEFAULT, "--workdir",
-                              str(workdir), "--config.steps=1000000"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    config = tiny_config(tmp_path, steps=1_000_000, sleep=0.5)  # a run that goes on, idle between its steps
+    first = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                              str(workdir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: it holds the lock
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.2)
-        assert_fails(train(workdir), 2, f"{workdir} is being written by pid {first.pid}", "stop the other run")
+        assert_fails(train(workdir, config=config), 2, f"{workdir} is being written by pid {first.pid}",
+                     "stop the other run")
     finally:
         first.kill()
         first.wait()
