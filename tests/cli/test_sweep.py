@@ -15,9 +15,9 @@ from helpers import DEFAULT, ROOT, cpu_env
 import jaxmon as jm
 from jaxmon._cli.sweep import device_shares, grid_points, listed_points, point_name, random_points
 
-LM_SHORT = ["--config.steps=10", "--config.model.num_layers=1", "--config.hooks.1.every_n_steps=10",
-            "--config.session.save_checkpoint_steps=10", "--config.optimizer.learning_rate.decay_steps=10",
-            "--config.optimizer.learning_rate.warmup_steps=2"]
+LM_SHORT = ["--config.steps=4", "--config.model.num_layers=1", "--config.hooks.1.every_n_steps=4",
+            "--config.session.save_checkpoint_steps=4", "--config.optimizer.learning_rate.decay_steps=4",
+            "--config.optimizer.learning_rate.warmup_steps=1"]
 
 
 def sweep(*args, **popen):
@@ -154,7 +154,7 @@ def test_a_2_by_2_grid_of_the_lm_config_writes_4_runs_a_table_and_one_plot(tmp_p
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [row["point"] for row in rows] == grid_points(["seed=0,1", "optimizer.learning_rate.peak_value=0.003,0.01"])
     for row in rows:
-        assert jm.latest_checkpoint_step(row["workdir"]) == 10 and os.path.dirname(row["workdir"]) == str(tmp_path)
+        assert jm.latest_checkpoint_step(row["workdir"]) == 4 and os.path.dirname(row["workdir"]) == str(tmp_path)
         assert set(row["metrics"]) >= {"eval/loss", "eval/perplexity", "eval/accuracy"}, row
     table = out.strip().splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("seed  optimizer.learning_rate.peak_value"))
@@ -169,7 +169,7 @@ def test_a_2_by_2_grid_of_the_lm_config_writes_4_runs_a_table_and_one_plot(tmp_p
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a point's process ends with the sweep's on Linux")
 def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(tmp_path):
-    args = ["--config", DEFAULT, "--workdir", tmp_path, "--grid", "seed=0,1,2", "--config.steps=300"]
+    args = ["--config", DEFAULT, "--workdir", tmp_path, "--grid", "seed=0,1,2", "--config.steps=100"]
     first = sweep(*args, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -180,8 +180,8 @@ def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(t
         os.killpg(first.pid, signal.SIGKILL)
     finally:
         first.communicate(timeout=60)
-    assert jm.latest_checkpoint_step(tmp_path / "seed=0") == 300
-    assert jm.latest_checkpoint_step(tmp_path / "seed=1") < 300 and not (tmp_path / "seed=2").exists()
+    assert jm.latest_checkpoint_step(tmp_path / "seed=0") == 100
+    assert jm.latest_checkpoint_step(tmp_path / "seed=1") < 100 and not (tmp_path / "seed=2").exists()
     finished = (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns
     rerun = sweep(*args)
     out, err = rerun.communicate(timeout=600)
@@ -189,5 +189,5 @@ def test_a_sweep_killed_midway_and_run_again_trains_only_the_unfinished_points(t
     assert "[1/3] seed=0: finished already" in out
     assert "[2/3] seed=1: training" in out and "[3/3] seed=2: training" in out
     assert (tmp_path / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == finished  # not trained again
-    assert all(jm.latest_checkpoint_step(tmp_path / f"seed={seed}") == 300 for seed in range(3))
+    assert all(jm.latest_checkpoint_step(tmp_path / f"seed={seed}") == 100 for seed in range(3))
     assert len(json.loads((tmp_path / "sweep.json").read_text())) == 3
