@@ -144,17 +144,17 @@ def test_overrides_continue_the_run_with_new_settings(run, tmp_path):
     longer = tmp_path / "longer"
     # Start from a copy of the finished run so the other tests keep reading the original.
     subprocess.run(["cp", "-r", str(workdir), str(longer)], check=True)
-    result = jaxmon("train", "--config", DEFAULT, "--workdir", longer, "--config.steps=1600",
-                    "--config.session.save_checkpoint_steps=50", "--config.hooks.1.every_n_steps=50", "--quiet")
+    result = jaxmon("train", "--config", DEFAULT, "--workdir", longer, "--config.steps=1520",
+                    "--config.session.save_checkpoint_steps=10", "--config.hooks.1.every_n_steps=10", "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Resumed from step 1500 in" in result.stdout and "training on to step 1600" in result.stdout
-    assert "Changed since step 1500: steps: 1500 -> 1600" in result.stdout
-    assert RESULT.fullmatch(result.stdout.strip().splitlines()[-1])[1] == "1600"
+    assert "Resumed from step 1500 in" in result.stdout and "training on to step 1520" in result.stdout
+    assert "Changed since step 1500: steps: 1500 -> 1520" in result.stdout
+    assert RESULT.fullmatch(result.stdout.strip().splitlines()[-1])[1] == "1520"
     assert "eval at step" not in result.stderr  # --quiet: warnings only
     assert [int(p.name) for p in sorted(longer.iterdir(), key=lambda p: p.name) if p.name.isdigit()][-2:] == [
-        1550, 1600]
+        1510, 1520]
     config = jm.restore_checkpoint(longer).meta["config"]
-    assert config["steps"] == 1600 and config["session"]["save_checkpoint_steps"] == 50
+    assert config["steps"] == 1520 and config["session"]["save_checkpoint_steps"] == 10
 
 
 @pytest.mark.slow
@@ -281,10 +281,16 @@ def test_inspect_of_a_missing_directory_is_a_clear_error(tmp_path):
     assert result.returncode == 2 and "No run directory" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_plot_writes_a_png_of_every_scalar(run, tmp_path):
+@pytest.fixture(scope="module")
+def plotted(run, tmp_path_factory):
+    """`jaxmon plot` of the default experiment's run: the PNG's path and the command's result."""
+    out = tmp_path_factory.mktemp("plot") / "curves.png"
+    return out, jaxmon("plot", run[0], "--out", out)
+
+
+def test_plot_writes_a_png_of_every_scalar(run, plotted, tmp_path):
     workdir, _ = run
-    out = tmp_path / "curves.png"
-    result = jaxmon("plot", workdir, "--out", out)
+    out, result = plotted
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     assert "eval/accuracy" in result.stdout and "loss" in result.stdout
@@ -294,7 +300,7 @@ def test_plot_writes_a_png_of_every_scalar(run, tmp_path):
     assert missing.returncode == 2 and "no scalar 'nope'" in missing.stderr
 
 
-def test_plot_of_two_runs_writes_one_png_with_both(run, tmp_path):
+def test_plot_of_two_runs_writes_one_png_with_both(run, plotted, tmp_path):
     workdir, _ = run
     other = tmp_path / "halved"  # a second run: the same curves, every loss halved
     other.mkdir()
@@ -308,12 +314,12 @@ def test_plot_of_two_runs_writes_one_png_with_both(run, tmp_path):
     import matplotlib.image
 
     assert result.stdout.startswith(f"wrote {out} (2 runs, ") and "eval/accuracy" in result.stdout
-    one = jaxmon("plot", workdir, "--out", tmp_path / "one.png")
-    assert one.returncode == 0, one.stderr
-    image, single = matplotlib.image.imread(out), matplotlib.image.imread(tmp_path / "one.png")  # both open
+    one, plot = plotted  # the first run alone
+    assert plot.returncode == 0, plot.stderr
+    image, single = matplotlib.image.imread(out), matplotlib.image.imread(one)  # both open
     assert image.ndim == 3 and image.shape[1] >= 900 and image.shape[0] >= 300
     assert image.shape == single.shape  # the same panels, each run's lines in them
-    assert out.stat().st_size > (tmp_path / "one.png").stat().st_size  # more lines, and a legend
+    assert out.stat().st_size > one.stat().st_size  # more lines, and a legend
 
 
 def test_plot_without_metrics_is_a_clear_error(tmp_path):
