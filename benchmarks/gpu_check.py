@@ -16,8 +16,9 @@ the table, the top ops, each part's last lines), rewritten after every part; log
 directories and the trace go to --scratch. Exit status 0 when every part gave its
 figures, 1 otherwise.
 
-Environment: GPU_CHECK_SMALL=1 tiny models and the first test alone (to try the check on
-a CPU, where the suite runs the other tests);
+Environment: GPU_CHECK_SMALL=1 tiny models and batches, short timings, the first case of
+the first test alone and the top 5 ops (to try the check on a CPU, where the suite runs the
+other tests);
 GPU_CHECK_DIVERGE=1 the bfloat16 transformer's sessions diverge (a learning rate of 1e6:
 the check's own test of a session that stops); GPU_CHECK_BUDGET_S the budget.
 
@@ -292,12 +293,13 @@ TESTS = ["tests/metrics/test_accumulators_in_session.py::"
          "tests/run/test_steps_per_dispatch.py::"
          "test_a_1000_step_run_with_the_usual_hooks_compiles_one_program_per_run_length_at_most",
          "tests/run/test_scan_unroll.py::test_a_run_whose_program_compiles_in_the_background_runs_step_by_step_meanwhile"]
+TESTS_SMALL = [TESTS[0] + "[1-auto]"]  # one run length, the CPU's program choice
 # Seconds to compile, milliseconds a step; a learning rate for its width (lm.py's 5e-3 is a 64-wide model's).
 LM = ["model.num_layers=6", "model.embed_dim=512", "model.mlp_dim=2048", "model.num_heads=8", "model.max_len=256",
       "data.seq_len=256", "data.batch_size=32", "optimizer.learning_rate.peak_value=1e-3"]
-LM_SMALL = ["model.num_layers=1", "model.embed_dim=32", "model.mlp_dim=64"]
+LM_SMALL = ["model.num_layers=1", "model.embed_dim=16", "model.mlp_dim=32"]
 GPT2_SMALL = ["model.num_layers=1", "model.embed_dim=32", "model.num_heads=2", "model.mlp_dim=64", "data.seq_len=64",
-              "model.max_len=64"]
+              "model.max_len=64", "data.batch_size=4"]
 GPT2_STEPS = 40
 DIVERGE = ["optimizer.learning_rate.peak_value=1e6"]
 # Each part's time limit on an H100/H200 (seconds; compiles take seconds to tens of seconds there);
@@ -317,7 +319,8 @@ def flags(flag: str, values: list[str]) -> list[str]:
 def parts(scratch: str, small: bool, diverge: bool) -> list[Part]:
     """The check's parts, the answers wanted most first; `small`: tiny models, limits for a CPU."""
     python = sys.executable
-    timing = ["--steps", "10", "--cycles", "2", "--warmup", "12"] if small else \
+    # Small: a warm-up long enough for GPU_CHECK_DIVERGE's NaN to stop a session in it.
+    timing = ["--steps", "2", "--cycles", "1", "--warmup", "8"] if small else \
         ["--steps", "30", "--cycles", "6", "--warmup", "40"]
     lm = flags("--override", LM_SMALL if small else LM)
     gpt2 = GPT2_SMALL if small else []
@@ -327,7 +330,7 @@ def parts(scratch: str, small: bool, diverge: bool) -> list[Part]:
     bf16 = flags("--override", ["model.dtype=bfloat16", *(DIVERGE if diverge else [])])
     return [
         Part("tests", limits["tests"], [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                                        *(TESTS[:1] if small else TESTS)], read_tests),
+                                        *(TESTS_SMALL if small else TESTS)], read_tests),
         Part("transformer_f32", limits["transformer_f32"],
              [python, "benchmarks/transformer_overhead.py", *timing, *lm], read_timings),
         Part("transformer_bf16", limits["transformer_bf16"],
@@ -337,7 +340,8 @@ def parts(scratch: str, small: bool, diverge: bool) -> list[Part]:
               os.path.join(scratch, "gpt2_small_run"), *flags("--config.", train)], read_train(GPT2_STEPS)),
         Part("profile", limits["profile"],
              [python, "benchmarks/profile_top_ops.py", "--config", "configs/gpt2_small.py", "--logdir",
-              os.path.join(scratch, "profile"), "--warmup", "3", "--steps", "5", *flags("--override", gpt2)],
+              os.path.join(scratch, "profile"), *(["--warmup", "2", "--steps", "3", "--top", "5"] if small else
+                                                  ["--warmup", "3", "--steps", "5"]), *flags("--override", gpt2)],
              read_profile),
         Part("host_cost", limits["host_cost"], [python, "benchmarks/host_cost.py", *(
             ["--rounds", "1", "--steps", "200", "--warmup", "50", "--trigger_cycles", "2"] if small else

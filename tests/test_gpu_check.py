@@ -1,9 +1,11 @@
 """The GPU check (`benchmarks/gpu_check.py`, `bash benchmarks/gpu.sh check`): every part
 ends with its figures or one line saying why not, within the check's budget, and the
-result is one file."""
+result is one file. The small check's runs of `transformer_overhead.py` and
+`profile_top_ops.py` are also where those scripts' own output is checked."""
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -64,8 +66,12 @@ def test_the_result_file_is_cut_at_one_megabyte(tmp_path):
     assert (tmp_path / "gpu-check.md").stat().st_size <= gpu_check.MAX_BYTES
 
 
-@pytest.mark.slow
-def test_the_small_check_on_the_cpu_leaves_one_file_with_a_figure_or_a_reason_for_every_part(tmp_path):
+@pytest.fixture(scope="module")
+def small_check(tmp_path_factory):
+    """The small check on this CPU (GPU_CHECK_SMALL=1, its bfloat16 transformer made to
+    diverge with GPU_CHECK_DIVERGE=1), run once: the finished process, its result file's
+    text, its scratch directory's path and the parts' logs there ({"profile.err": text, ...})."""
+    tmp_path = tmp_path_factory.mktemp("small_check")
     shim = tmp_path / "bin"  # `python3` is this Python, as on the GPU machine
     shim.mkdir()
     (shim / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
@@ -76,14 +82,28 @@ def test_the_small_check_on_the_cpu_leaves_one_file_with_a_figure_or_a_reason_fo
     result = subprocess.run(["bash", "benchmarks/gpu.sh", "check"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=600)
     scratch = re.search(r"logs, runs and the trace in (\S+) on that machine", result.stdout)
+    logs = {}
     if scratch:
+        logs = {path.name: path.read_text() for path in sorted(pathlib.Path(scratch.group(1)).iterdir())
+                if path.suffix in (".out", ".err")}
         shutil.rmtree(scratch.group(1), ignore_errors=True)
-    assert result.returncode == 1, result.stderr[-3000:]  # the bfloat16 transformer diverged, as asked
-    assert os.listdir(out) == ["gpu-check.md"] and (out / "gpu-check.md").stat().st_size < 1_000_000
-    text = (out / "gpu-check.md").read_text()
+    text = (out / "gpu-check.md").read_text() if (out / "gpu-check.md").exists() else ""
+    return result, out, text, scratch and scratch.group(1), logs
+
+
+def table_of(text):
+    """The result file's table: ({part: result}, {part: seconds}, {part: figures, or why not})."""
     table = text.split("| part | result |")[1].split("\n\n")[0].splitlines()[2:]
     cells = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in table]
-    rows, figures = {c[0]: c[1] for c in cells}, {c[0]: c[-1] for c in cells}
+    return {c[0]: c[1] for c in cells}, {c[0]: float(c[2]) for c in cells}, {c[0]: c[-1] for c in cells}
+
+
+@pytest.mark.slow
+def test_the_small_check_on_the_cpu_leaves_one_file_with_a_figure_or_a_reason_for_every_part(small_check):
+    result, out, text, _, _ = small_check
+    assert result.returncode == 1, result.stderr[-3000:]  # the bfloat16 transformer diverged, as asked
+    assert os.listdir(out) == ["gpu-check.md"] and (out / "gpu-check.md").stat().st_size < 1_000_000
+    rows, _, figures = table_of(text)
     assert list(rows) == ["tests", "transformer_f32", "transformer_bf16", "gpt2_small", "profile", "host_cost"]
     assert re.search(r"\d+ passed", figures["tests"])
     assert re.match(r"bare [\d.]+ µs/step; × bare: session", figures["transformer_f32"])
@@ -91,6 +111,44 @@ def test_the_small_check_on_the_cpu_leaves_one_file_with_a_figure_or_a_reason_fo
     assert re.search(r"a session stopped: \w+ failed at step \d+: NanLossDuringTrainingError: .*\(in its warm-up",
                      figures["transformer_bf16"])
     assert "Step 1 after" in figures["gpt2_small"] and "perf at step 40" in figures["gpt2_small"]
-    assert re.match(r"device [\d.]+ ms/step", figures["profile"]) and "## profile: the top 15 ops" in text
+    assert re.match(r"device [\d.]+ ms/step", figures["profile"]) and "## profile: the top 5 ops" in text
     assert re.match(r"bare_jit [\d.]+ µs/step", figures["host_cost"])
     assert re.search(r"- commit: ([0-9a-f]{40}|unknown)", text) and "- device: JAX " in text
+
+
+# What the small check's parts print, as the scripts' own tests: its transformer_f32 part is
+# `transformer_overhead.py --steps 2 --cycles 1 --warmup 8` on a 1 x 16 transformer, its
+# transformer_bf16 part the same in bfloat16 at a learning rate of 1e6, its profile part
+# `profile_top_ops.py --warmup 2 --steps 3 --top 5` on a 1 x 32 gpt2_small.
+
+@pytest.mark.slow
+def test_transformer_overhead_times_every_loop_on_the_lm_configs_step(small_check):
+    _, _, text, _, logs = small_check
+    assert table_of(text)[0]["transformer_f32"] == "ok", logs.get("transformer_f32.err", "")[-3000:]
+    report = json.loads(logs["transformer_f32.out"])
+    assert sorted(report["median_us_per_step"]) == ["bare", "default", "default_k8", "session"]
+    assert all(us > 0 for us in report["median_us_per_step"].values()) and report["ratio_to_bare"]["bare"] == 1.0
+    assert report["overrides"] == ["model.num_layers=1", "model.embed_dim=16", "model.mlp_dim=32"]
+
+
+@pytest.mark.slow
+def test_transformer_overhead_says_at_once_which_session_diverged_in_its_warm_up_and_why(small_check):
+    _, _, text, _, logs = small_check
+    rows, seconds, _ = table_of(text)
+    assert rows["transformer_bf16"] == "failed (exit 1)", logs.get("transformer_bf16.err", "")[-3000:]
+    [line] = logs["transformer_bf16.err"].splitlines()  # one line, no traceback
+    stopped = json.loads(logs["transformer_bf16.out"])["stopped"]
+    assert line == f"transformer_overhead: {stopped}"
+    assert re.match(r"default failed at step 8: NanLossDuringTrainingError: NaN loss during training: 'loss' = nan "
+                    r"at step \d+\..*\(in its warm-up of 8 steps\)$", stopped)
+    assert seconds["transformer_bf16"] < 120  # ended at once, not at a time limit
+
+
+@pytest.mark.slow
+def test_the_profile_script_traces_steady_steps_of_a_tiny_gpt2(small_check):
+    _, _, text, scratch, logs = small_check
+    assert table_of(text)[0]["profile"] == "ok", logs.get("profile.err", "")[-3000:]
+    report = json.loads(logs["profile.out"])
+    assert report["steps"] == 3 and len(report["top_ops"]) == 5 and report["device_ms_per_step"] > 0
+    assert all(op["events"] >= 3 for op in report["top_ops"])  # every traced step ran each of them
+    assert report["trace"].startswith(os.path.join(scratch, "profile")) and "| op | module |" in logs["profile.err"]
