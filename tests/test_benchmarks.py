@@ -140,18 +140,21 @@ def test_step_parts_times_the_sessions_program_alone_and_the_set_quiet_and_as_us
     assert abs(report["ratio_to_bare"]["program"] - us["program"] / us["bare"]) < 0.01
 
 
-def test_a_session_that_stops_without_an_error_is_said_to_have_stopped_early():
-    program = ("import jax.numpy as jnp, jaxmon as jm, itertools\n"
-               "from transformer_overhead import Stopped, session_loop\n"
-               "sess = jm.MonitoredSession(lambda s, b: (s + b, {'loss': s}), lambda: jnp.zeros(()),\n"
-               "    data=itertools.repeat(jnp.ones(())), hooks=[jm.StopAtStepHook(last_step=3)])\n"
-               "try:\n"
-               "    session_loop('default', sess)(10)\n"
-               "except Stopped as stop:\n"
-               "    print(stop)\n")
-    result = run("-c", program)
-    assert result.stdout.strip() == ("default stopped early at step 3: it closed without an error "
-                                     "(a stop was requested)")
+def test_a_session_that_stops_without_an_error_is_said_to_have_stopped_early(monkeypatch):
+    import itertools
+
+    import jax.numpy as jnp
+    from helpers import load_benchmark
+
+    import jaxmon as jm
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # for the `rotating` module it imports
+    transformer_overhead = load_benchmark("transformer_overhead")
+    sess = jm.MonitoredSession(lambda s, b: (s + b, {"loss": s}), lambda: jnp.zeros(()),
+                               data=itertools.repeat(jnp.ones(())), hooks=[jm.StopAtStepHook(last_step=3)])
+    with pytest.raises(transformer_overhead.Stopped) as stop:
+        transformer_overhead.session_loop("default", sess)(10)
+    assert str(stop.value) == "default stopped early at step 3: it closed without an error (a stop was requested)"
 
 
 def test_host_cost_times_the_main_thread_of_every_variant():
