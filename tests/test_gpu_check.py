@@ -1,7 +1,7 @@
 """The GPU check (`benchmarks/gpu_check.py`, `bash benchmarks/gpu.sh check`): every part
 ends with its figures or one line saying why not, within the check's budget, and the
-result is one file. The small check's runs of `transformer_overhead.py` and
-`profile_top_ops.py` are also where those scripts' own output is checked."""
+result is one file. The small check's runs of `transformer_overhead.py`,
+`profile_top_ops.py` and `host_cost.py` are also where those scripts' own output is checked."""
 
 import json
 import os
@@ -119,7 +119,8 @@ def test_the_small_check_on_the_cpu_leaves_one_file_with_a_figure_or_a_reason_fo
 # What the small check's parts print, as the scripts' own tests: its transformer_f32 part is
 # `transformer_overhead.py --steps 2 --cycles 1 --warmup 8` on a 1 x 16 transformer, its
 # transformer_bf16 part the same in bfloat16 at a learning rate of 1e6, its profile part
-# `profile_top_ops.py --warmup 2 --steps 3 --top 5` on a 1 x 32 gpt2_small.
+# `profile_top_ops.py --warmup 2 --steps 3 --top 5` on a 1 x 32 gpt2_small, its host_cost
+# part `host_cost.py --rounds 1 --steps 200 --warmup 50 --trigger_cycles 2`.
 
 @pytest.mark.slow
 def test_transformer_overhead_times_every_loop_on_the_lm_configs_step(small_check):
@@ -152,3 +153,15 @@ def test_the_profile_script_traces_steady_steps_of_a_tiny_gpt2(small_check):
     assert report["steps"] == 3 and len(report["top_ops"]) == 5 and report["device_ms_per_step"] > 0
     assert all(op["events"] >= 3 for op in report["top_ops"])  # every traced step ran each of them
     assert report["trace"].startswith(os.path.join(scratch, "profile")) and "| op | module |" in logs["profile.err"]
+
+
+@pytest.mark.slow
+def test_host_cost_times_the_main_thread_of_every_variant(small_check):
+    _, _, text, _, logs = small_check
+    assert table_of(text)[0]["host_cost"] == "ok", logs.get("host_cost.err", "")[-3000:]
+    report = json.loads(logs["host_cost.out"])
+    variants = ["bare_jit", "session_no_hooks", "mts_default_k1", "mts_default_k32"]
+    assert sorted(report["median_us_per_step"]) == sorted(variants)
+    assert all(report["median_us_per_run"][name] > 0 for name in variants)
+    assert report["steps_per_run"]["mts_default_k1"] == 1.0 and report["steps_per_run"]["mts_default_k32"] > 1.0
+    assert report["excess_over_bare_us_per_step"]["bare_jit"] == 0.0
