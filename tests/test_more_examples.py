@@ -171,16 +171,22 @@ def _tf_run_epochs(ptb, epochs):
     """TF's `ptb_word_lm.main` as a plain loop: each epoch assigns its learning rate and
     starts the LSTM from zeros, every batch's final state feeds the next; returns every
     step's cost, and after each epoch the validation cost over the split (its state
-    carried across the batches) and the test cost (batch 1, one word per run)."""
+    carried across the batches) and, after the last (as TF runs it), the test cost (batch
+    1, one word per run; None after the others)."""
     import optax
 
     train, valid, test = (split[:300] for split in ptb.word_ids(200))
     model = ptb.PTBModel(200, 16)
     epoch, valid_batches, test_batches = ptb.batches(train, 4, 5), ptb.batches(valid, 4, 5), ptb.batches(test, 1, 1)
-    params = model.init(jax.random.key(0), ptb.zero_state(model, 4), epoch[0]["x"])["params"]
+    params = jax.jit(model.init)(jax.random.key(0), ptb.zero_state(model, 4), epoch[0]["x"])["params"]
     opt_state = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0)).init(params)
     grad = jax.jit(jax.value_and_grad(ptb.lm_cost, has_aux=True), static_argnums=1)
     cost_of = jax.jit(ptb.lm_cost, static_argnums=1)
+
+    @jax.jit
+    def apply(grads, opt_state, params, lr):
+        updates, opt_state = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(lr)).update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 
     def split_cost(batches, batch_size):
         carry, costs = ptb.zero_state(model, batch_size), []
@@ -191,14 +197,13 @@ def _tf_run_epochs(ptb, epochs):
 
     costs, evaluations = [], []
     for i in range(epochs):
-        tx = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0 * 0.5 ** max(i + 1 - 1, 0)))  # assign_lr
+        lr = 1.0 * 0.5 ** max(i + 1 - 1, 0)  # assign_lr
         carry = ptb.zero_state(model, 4)  # run_epoch: state = session.run(model.initial_state)
         for batch in epoch:
             (cost, carry), grads = grad(params, model.apply, carry, batch)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
+            params, opt_state = apply(grads, opt_state, params, lr)
             costs.append(float(cost))
-        evaluations.append((split_cost(valid_batches, 4), split_cost(test_batches, 1)))
+        evaluations.append((split_cost(valid_batches, 4), split_cost(test_batches, 1) if i == epochs - 1 else None))
     return costs, evaluations, len(epoch)
 
 
