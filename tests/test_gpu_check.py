@@ -69,8 +69,9 @@ def test_the_result_file_is_cut_at_one_megabyte(tmp_path):
 @pytest.fixture(scope="module")
 def small_check(tmp_path_factory):
     """The small check on this CPU (GPU_CHECK_SMALL=1, its bfloat16 transformer made to
-    diverge with GPU_CHECK_DIVERGE=1), run once: the finished process, its result file's
-    text, its scratch directory's path and the parts' logs there ({"profile.err": text, ...})."""
+    diverge with GPU_CHECK_DIVERGE=1), run once: the finished process, its --out directory,
+    its result file's text, its scratch directory's path and the parts' logs there
+    ({"profile.err": text, ...}), read before the scratch directory is removed."""
     tmp_path = tmp_path_factory.mktemp("small_check")
     shim = tmp_path / "bin"  # `python3` is this Python, as on the GPU machine
     shim.mkdir()
