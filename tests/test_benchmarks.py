@@ -3,13 +3,18 @@ whose environment is missing or broken with a message. No timing is asserted.
 `transformer_overhead.py`'s and `host_cost.py`'s runs are the small GPU check's
 (tests/test_gpu_check.py)."""
 
+import itertools
 import json
 import os
 import pathlib
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import pytest
+from helpers import load_benchmark
+
+import jaxmon as jm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -142,13 +147,6 @@ def test_step_parts_times_the_sessions_program_alone_and_the_set_quiet_and_as_us
 
 
 def test_a_session_that_stops_without_an_error_is_said_to_have_stopped_early(monkeypatch):
-    import itertools
-
-    import jax.numpy as jnp
-    from helpers import load_benchmark
-
-    import jaxmon as jm
-
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # for the `rotating` module it imports
     transformer_overhead = load_benchmark("transformer_overhead")
     sess = jm.MonitoredSession(lambda s, b: (s + b, {"loss": s}), lambda: jnp.zeros(()),

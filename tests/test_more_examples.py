@@ -180,13 +180,17 @@ def _tf_run_epochs(ptb, epochs):
     model = ptb.PTBModel(200, 16)
     epoch, valid_batches, test_batches = ptb.batches(train, 4, 5), ptb.batches(valid, 4, 5), ptb.batches(test, 1, 1)
     params = jax.jit(model.init)(jax.random.key(0), ptb.zero_state(model, 4), epoch[0]["x"])["params"]
-    opt_state = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0)).init(params)
+
+    def tx(lr):  # clipped SGD at the epoch's learning rate
+        return optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(lr))
+
+    opt_state = tx(1.0).init(params)
     grad = jax.jit(jax.value_and_grad(ptb.lm_cost, has_aux=True), static_argnums=1)
     cost_of = jax.jit(ptb.lm_cost, static_argnums=1)
 
     @jax.jit
     def apply(grads, opt_state, params, lr):
-        updates, opt_state = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(lr)).update(grads, opt_state, params)
+        updates, opt_state = tx(lr).update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
     def split_cost(batches, batch_size):
