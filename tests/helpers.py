@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from warm_processes import run_jaxmon
 
 import jaxmon as jm
 from jaxmon._ops import report_thread
@@ -498,11 +499,11 @@ SAVES_ONLY = ["--config.session.save_summaries_steps=None", "--config.session.lo
 
 
 def train(workdir, *args, config=DEFAULT, timeout=240):
-    """`jaxmon train --config CONFIG --workdir WORKDIR ARGS...` in a subprocess, from the
-    repository; its `CompletedProcess`, output captured."""
-    return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                           str(workdir), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    """`jaxmon train --config CONFIG --workdir WORKDIR ARGS...` in a child process, from the
+    repository; its `CompletedProcess`, output captured. The child is forked from a process
+    that has imported what `jaxmon train` imports (`warm_processes.py`)."""
+    return run_jaxmon(["train", "--config", config, "--workdir", workdir, *args], cwd=ROOT,
+                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)
 
 
 def assert_fails(result, code, *words):
