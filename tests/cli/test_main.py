@@ -10,11 +10,10 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import pytest
-from helpers import DEFAULT, ROOT, signal_between_saves
+from helpers import DEFAULT, ROOT, run_jaxmon, signal_between_saves
 
 import jaxmon as jm
 
@@ -23,8 +22,7 @@ RESULT = re.compile(r"step (\d+): test accuracy ([\d.]+), loss ([\d.]+)  \((.+)\
 
 def jaxmon(*args, timeout=240, **env):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
-    return subprocess.run([sys.executable, "-m", "jaxmon", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+    return run_jaxmon(args, cwd=ROOT, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

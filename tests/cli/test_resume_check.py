@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import DEFAULT, ROOT, cpu_env, tiny_config
+from helpers import DEFAULT, ROOT, cpu_env, run_jaxmon, tiny_config
 
 from jaxmon._cli.resume_check import HELD
 
@@ -56,8 +56,7 @@ def load(split, **kwargs):
 
 
 def check_resume(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "jaxmon", "check", "--resume", *map(str, args)], cwd=ROOT,
-                          env=env or cpu_env(), capture_output=True, text=True, timeout=600)
+    return run_jaxmon(["check", "--resume", *args], cwd=ROOT, env=env or cpu_env(), timeout=600)
 
 
 def scratch(tmp_path):

@@ -10,7 +10,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ROOT, cpu_env
+from helpers import ROOT, cpu_env, run_jaxmon
 
 import jaxmon as jm
 from jaxmon._checkpoints import manager as _checkpoint
@@ -118,8 +118,8 @@ def test_a_batch_with_no_rows_names_the_step_and_the_key():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(ROOT / "configs" / "default.py"),
-                             *args], capture_output=True, text=True, timeout=300, env=cpu_env(), cwd=ROOT)
+    result = run_jaxmon(["train", "--config", ROOT / "configs" / "default.py", *args], cwd=ROOT, env=cpu_env(),
+                        timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

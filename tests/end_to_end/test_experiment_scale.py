@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -20,7 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, cpu_env, kill_once_checkpointed
+from helpers import ROOT, cpu_env, kill_once_checkpointed, run_jaxmon
 
 import jaxmon as jm
 
@@ -33,8 +32,7 @@ SHORT = ["--config.steps=20", "--config.session.save_checkpoint_steps=10", "--co
 
 def jaxmon(*args, devices=None, timeout=600, env=None):
     """Runs `python -m jaxmon ARGS` on the CPU with `devices` simulated devices."""
-    return subprocess.run([sys.executable, "-m", "jaxmon", *args], cwd=ROOT, env=env or cpu_env(devices),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_jaxmon(args, cwd=ROOT, env=env or cpu_env(devices), timeout=timeout)
 
 
 def final_params(workdir):

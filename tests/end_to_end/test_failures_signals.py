@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import DEFAULT, ROOT, assert_fails, assert_same_checkpoint, tiny_config
+from helpers import DEFAULT, ROOT, assert_fails, assert_same_checkpoint, run_jaxmon, tiny_config
 
 import jaxmon as jm
 from jaxmon._base import signals as _signals
@@ -145,8 +145,8 @@ def test_a_signal_during_the_first_compilation_saves_the_step_it_stops_on(tmp_pa
 
 def test_sighup_mid_run_saves_says_so_in_one_line_exits_129_and_the_rerun_resumes_bit_exactly(tmp_path):
     config = tiny_config(tmp_path, steps=60, sleep=0.05)
-    whole = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                            str(tmp_path / "whole")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    whole = run_jaxmon(["train", "--config", config, "--workdir", tmp_path / "whole"], cwd=ROOT, env=dict(os.environ),
+                       timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     workdir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
@@ -161,8 +161,8 @@ def test_sighup_mid_run_saves_says_so_in_one_line_exits_129_and_the_rerun_resume
                            r"command to resume\.", last)
     assert stopped and stopped[1] == stopped[2] and 20 <= int(stopped[1]) < 60, last
     assert jm.latest_checkpoint_step(workdir) == int(stopped[1])
-    again = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                            str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    again = run_jaxmon(["train", "--config", config, "--workdir", workdir], cwd=ROOT, env=dict(os.environ),
+                       timeout=300)
     assert again.returncode == 0 and f"Resumed from step {stopped[1]}" in again.stderr + again.stdout, again.stderr
     assert_same_checkpoint(workdir, tmp_path / "whole", 60)
 

@@ -8,12 +8,10 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from helpers import ROOT, assert_same_checkpoint, tiny_config
+from helpers import ROOT, assert_same_checkpoint, run_jaxmon, tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -87,9 +85,8 @@ def stop(config):
 
 
 def train(config, workdir, env=None):
-    return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                           str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return run_jaxmon(["train", "--config", config, "--workdir", workdir], cwd=ROOT, timeout=300,
+                      env={**os.environ, **(env or {})})
 
 
 def is_timing(tag):

@@ -4,11 +4,9 @@ with the ways out. (A run killed and resumed: tests/end_to_end/test_same_run.py.
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-from helpers import ROOT, cpu_env, read_jsonl
+from helpers import ROOT, cpu_env, read_jsonl, run_jaxmon
 
 import jaxmon as jm
 from jaxmon._checkpoints.step_dirs import COMMIT_MARKER
@@ -131,9 +129,8 @@ def test_jaxmon_train_extends_a_finished_cosine_run_at_a_nonzero_rate_and_says_s
              "--config.session.save_summaries_steps=5", "--config.hooks.1.every_n_steps=1000"]
 
     def train(workdir, steps, *more):
-        return subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm.py", "--workdir",
-                               str(workdir), f"--config.steps={steps}", *small, *more], cwd=ROOT, env=cpu_env(),
-                              capture_output=True, text=True, timeout=300)
+        return run_jaxmon(["train", "--config", "configs/lm.py", "--workdir", workdir, f"--config.steps={steps}",
+                           *small, *more], cwd=ROOT, env=cpu_env(), timeout=300)
 
     workdir = tmp_path / "run"
     done = train(workdir, 20, "--config.optimizer.learning_rate.decay_steps=20")

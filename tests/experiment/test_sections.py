@@ -4,13 +4,11 @@ peak, read back from metrics.jsonl against a hand count, every row an example wi
 accumulated gradients; bad figures refused."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, cpu_env
+from helpers import ROOT, cpu_env, run_jaxmon
 
 import jaxmon as jm
 from jaxmon._experiment.parts import parts_of
@@ -30,9 +28,8 @@ def config_rate_peak():
 
 
 def test_a_small_gpt2_writes_perf_summaries_from_the_models_flop_count(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", "configs/gpt2_small.py", *OVERRIDES,
-                           "--workdir", str(tmp_path / "run")], cwd=ROOT, env=cpu_env(), capture_output=True,
-                          text=True, timeout=300)
+    done = run_jaxmon(["train", "--config", "configs/gpt2_small.py", *OVERRIDES, "--workdir", tmp_path / "run"],
+                      cwd=ROOT, env=cpu_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     with open(tmp_path / "run" / "metrics.jsonl") as lines:
         rows = [row for row in map(json.loads, lines) if "perf/mfu" in row]
@@ -69,9 +66,8 @@ def test_figures_in_the_perf_section_take_the_place_of_the_counted_ones(tmp_path
 
 
 def test_a_peak_that_is_no_positive_number_is_refused_with_its_value(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "jaxmon", "train", "--config", "configs/lm.py",
-                           "--config.perf.peak_tflops=-1", "--workdir", str(tmp_path / "bad")], cwd=ROOT,
-                          env=cpu_env(), capture_output=True, text=True, timeout=300)
+    done = run_jaxmon(["train", "--config", "configs/lm.py", "--config.perf.peak_tflops=-1", "--workdir",
+                       tmp_path / "bad"], cwd=ROOT, env=cpu_env(), timeout=300)
     assert done.returncode == 2 and "perf.peak_tflops=-1" in done.stderr, done.stderr[-2000:]
 
 
