@@ -21,7 +21,8 @@ PROBE = textwrap.dedent("""
                       "main": sys.modules["__main__"].__file__,
                       "sigint": getattr(signal.getsignal(signal.SIGINT), "__qualname__", None),
                       "sigpipe": repr(signal.getsignal(signal.SIGPIPE)),
-                      "stdout_buffered": not sys.stdout.write_through, "stderr_lines": sys.stderr.line_buffering}))
+                      "stdout_buffered": not sys.stdout.write_through, "stderr_lines": sys.stderr.line_buffering,
+                      "log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}))
     print("to stderr", file=sys.stderr)
 
     def get_config():
@@ -58,7 +59,8 @@ def test_a_run_to_its_end_prints_and_saves_what_a_fresh_process_does(tmp_path):
     args = ["train", "--config", DEFAULT, "--config.steps=20", "--config.session.save_checkpoint_steps=None"]
     warm = warm_processes.run_jaxmon([*args, "--workdir", tmp_path / "warm"], cwd=ROOT, env=cpu_env(), timeout=240)
     fresh = subprocess.run([sys.executable, "-m", "jaxmon", *args, "--workdir", str(tmp_path / "fresh")],
-                           capture_output=True, text=True, cwd=ROOT, env=cpu_env(), timeout=240)
+                           capture_output=True, text=True, cwd=ROOT, env=cpu_env(), timeout=240,
+                           stdin=subprocess.DEVNULL)
     assert warm.returncode == fresh.returncode == 0, warm.stderr[-2000:]
     assert warm.stdout.replace("warm", "fresh") == fresh.stdout and warm.stdout.startswith("step 20: test accuracy")
     names = {run: sorted(name.split(".tfevents.")[0] for name in os.listdir(tmp_path / run))
@@ -83,7 +85,7 @@ def test_a_child_past_its_timeout_is_killed_and_timeout_expired_raised_with_its_
         warm_processes.run_jaxmon(["train", "--config", probe, "--workdir", tmp_path / "run"], cwd=ROOT,
                                   env=cpu_env(), timeout=3)
     assert time.monotonic() - began < 60
-    assert raised.value.output == "started\n"
+    assert raised.value.output == b"started\n"  # bytes, as subprocess.run gives them
     # the warm process serves the next run
     again = warm_processes.run_jaxmon(["train", "--no-such-flag"], cwd=ROOT, env=cpu_env(), timeout=60)
     assert again.returncode == 2
