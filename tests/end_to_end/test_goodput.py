@@ -188,7 +188,8 @@ def test_a_session_counts_every_second_of_its_life_once():
                              prefetch=0) as sess:
         while not sess.should_stop():
             sess.run()
+    before = sess.time_spent.elapsed()
     spent = sess.time_spent.breakdown()
-    assert sum(spent.values()) == pytest.approx(sess.time_spent.elapsed(), rel=1e-3)
+    assert before <= sum(spent.values()) <= sess.time_spent.elapsed()  # its clock reads as it sums, not later
     assert len(taken) == 20 and sum(taken) >= 20 * 0.01
     assert spent["data"] == pytest.approx(sum(taken), rel=0.25) and spent["compile"] > 0
