@@ -3,6 +3,7 @@ sees and does what a fresh `python -m jaxmon` would."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -83,9 +84,56 @@ def test_a_child_past_its_timeout_is_killed_and_timeout_expired_raised_with_its_
     began = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as raised:
         warm_processes.run_jaxmon(["train", "--config", probe, "--workdir", tmp_path / "run"], cwd=ROOT,
-                                  env=cpu_env(), timeout=3)
+                                  env=cpu_env(), timeout=10)
     assert time.monotonic() - began < 60
     assert raised.value.output == b"started\n"  # bytes, as subprocess.run gives them
     # the warm process serves the next run
     again = warm_processes.run_jaxmon(["train", "--no-such-flag"], cwd=ROOT, env=cpu_env(), timeout=60)
     assert again.returncode == 2
+
+
+#: A script that prints what the process it runs in sees, then waits for a line on stdin.
+SCRIPT_PROBE = textwrap.dedent("""
+    import json, os, sys
+    import jax
+    import tempfile
+    print(json.dumps({"argv": sys.argv, "path": sys.path, "file": __file__, "name": __name__,
+                      "temp": tempfile.gettempdir(),
+                      "parent": os.getppid(), "leader": os.getsid(0) == os.getpid(), "cwd": os.getcwd(),
+                      "marker": os.environ.get("MARKER"), "devices": len(jax.devices())}), flush=True)
+    print("ready", sys.stdin.readline().strip(), file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+""")
+
+
+@pytest.mark.parametrize("new_session", [False, True], ids=["same-session", "new-session"])
+def test_a_script_from_popen_is_this_process_s_child_and_sees_what_a_fresh_one_sees(tmp_path, new_session):
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT_PROBE)
+    (tmp_path / "temp").mkdir()
+    env = {**cpu_env(devices=2), "MARKER": "here", "PYTHONPATH": f"lib{os.pathsep}{tmp_path / 'more'}",
+           "TMPDIR": str(tmp_path / "temp")}
+    seen = {}
+    for how, start in (("warm", warm_processes.popen), ("fresh", subprocess.Popen)):
+        process = start([sys.executable, str(script), "3"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+        out, err = process.communicate("go\n", timeout=120)
+        assert process.returncode == 3 and err == "ready go\n", err
+        seen[how] = (type(process), json.loads(out))
+    assert seen["warm"][0] is not subprocess.Popen and seen["fresh"][0] is subprocess.Popen  # forked warm indeed
+    assert seen["warm"][1] == seen["fresh"][1]
+    assert seen["warm"][1]["parent"] == os.getpid() and seen["warm"][1]["leader"] is new_session
+    assert seen["warm"][1]["argv"] == [str(script), "3"] and seen["warm"][1]["devices"] == 2
+    assert seen["warm"][1]["path"][:3] == [str(tmp_path), str(tmp_path / "lib"), str(tmp_path / "more")]
+    assert seen["warm"][1]["temp"] == str(tmp_path / "temp")
+
+
+def test_a_child_from_popen_takes_signals_and_its_exit_is_this_process_s_to_wait_for(tmp_path):
+    script = tmp_path / "sleeps.py"
+    script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    process = warm_processes.popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                                   env=cpu_env())
+    assert process.stdout.readline() == "up\n" and process.poll() is None
+    assert open(f"/proc/{process.pid}/stat").read().split()[3] == str(os.getpid())
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == -signal.SIGTERM

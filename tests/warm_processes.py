@@ -1,42 +1,46 @@
-"""`python -m jaxmon train ...` for the tests, forked from a process that has already
-imported what `jaxmon train` imports.
+"""`subprocess.Popen` and `subprocess.run` for the tests' `python -m jaxmon train ...` and
+`python SCRIPT.py ...`, forked from a process that has already imported what they import.
 
-Every `jaxmon train` the suite starts would first import JAX, Flax, Optax, Orbax and
-tensorboardX: 1.2-1.9 s of CPU, the same in each of the suite's hundreds of runs. A warm
-process (one per test process and environment, started on first use) imports them once,
-before JAX starts a backend or a thread, and forks a child for each run. The child is a
-real process from then on: it gets the run's environment, working directory, command
-line, stdout and stderr, starts its own backend (so `XLA_FLAGS` is its own), handles its
-own signals, and ends with its own exit code; what it runs is `jaxmon/__main__.py`, as
-`python -m jaxmon` runs it, and jaxmon's own modules load in it. What it shares with its
-warm process: the libraries' import-time state (native logging set up with the level
-`jaxmon train` would give it), Python's hash seed, and the libraries' exit functions,
-registered before jaxmon's (so jaxmon's last one, which ignores signals at exit, runs
-first). NumPy's global generator is seeded afresh in each child.
+Every `jaxmon train` the suite starts, and every script that trains, would first import
+JAX, Flax, Optax, Orbax and tensorboardX: 1.2-1.9 s of CPU, the same in each of the
+suite's hundreds of processes. A warm process (one per test process and environment,
+started on first use) imports them once, before JAX starts a backend or a thread, and
+forks a child for each run, through a child of its own that ends at once: the run's
+process, orphaned, is adopted by the test process (Linux's child subreaper) and waits
+until it is, so that it is the test's child from its first line, as a fresh one is. It
+gets the run's environment, working directory, command line and the streams
+`subprocess.Popen` made for it, starts its own backend (so `XLA_FLAGS` is its own),
+handles its own signals, and ends with its own exit code; what it runs is the module or
+script, as the interpreter runs it, and jaxmon's own modules load in it. What it shares
+with its warm process: the libraries' import-time state (native logging set up with the
+level `jaxmon train` would give it, absl's logging), Python's hash seed, and the
+libraries' exit functions, registered before jaxmon's (so jaxmon's last one, which
+ignores signals at exit, runs first). NumPy's global generator is seeded afresh in each
+child.
 
 The tests whose subject is the process's start (its first seconds, the time its imports
-take, a signal during start-up or exit) start a fresh interpreter, not this; so do runs
-with `--processes` (the launcher imports no JAX), and every run when
-JAXMON_TESTS_FRESH_PROCESSES=1, to rule the warm processes out when a test fails.
+take, a signal during start-up or exit, logging set up as the libraries load) use
+`subprocess`, not this; so do runs with `--processes` (the launcher imports no JAX), and
+every run when JAXMON_TESTS_FRESH_PROCESSES=1, to rule the warm processes out when a test
+fails.
 
-Run as a script, this file is the warm process: it reads one request per line on stdin
-(JSON: argv, cwd, env, and files for stdout and stderr), answers the child's pid and
-then its wait status, one JSON line each, and ends when stdin closes.
+Run as a script, this file is the warm process: it reads requests (JSON: args, cwd, env,
+with the child's stdin, stdout and stderr as descriptors) on the socket its argument
+names, answers each with the child's pid, and ends when the socket closes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import locale
 import os
 import pathlib
-import select
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
+import time
+import typing
 
 #: The libraries `jaxmon train` imports, imported once by the warm process. Not jaxmon's
 #: own modules: what they do as they load (the command's signal handlers, say) depends on
@@ -45,85 +49,154 @@ import threading
 PRELOAD = ("jax", "flax.linen", "optax", "orbax.checkpoint", "tensorboardX")
 #: The commands that import those libraries; the others start afresh.
 COMMANDS = ("train", "check")
+#: The arguments of `subprocess.Popen` a warm process's child can take.
+WARM_ARGUMENTS = {"stdin", "stdout", "stderr", "cwd", "env", "text", "start_new_session"}
 #: Warm processes kept per test process (one per environment, the oldest ended first).
 KEEP = 3
-#: Read after the imports (by pytest, or by XLA as a backend starts): a warm process serves
-#: environments that differ in these alone, and its child gets the request's.
-READ_LATER = ("PYTEST_CURRENT_TEST", "XLA_FLAGS")
+#: The variables the interpreter and the libraries of `PRELOAD` may read as they load (by
+#: the start of their names): a warm process serves the environments that agree on these.
+#: Its child gets the request's whole environment before anything else loads, and makes
+#: its path from the request's PYTHONPATH and its streams by its PYTHONUNBUFFERED.
+READ_AT_IMPORT = ("PYTHON", "JAX_", "TF_", "XLA_", "FLAX_", "ORBAX", "ABSL", "NUMPY", "OMP_", "OPENBLAS", "MKL_",
+                  "LD_", "CUDA", "TPU_", "GRPC_", "TENSORBOARD", "LANG", "LC_")
+#: Of those, read later (by XLA as a backend starts, by JAX and jaxmon as the processes of
+#: a run connect) or set in the child as it starts.
+READ_LATER = ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "PYTHONPATH",
+              "PYTHONUNBUFFERED")
 #: The native log level `jaxmon train` sets before JAX loads, unless --debug or the
 #: environment gives one (jaxmon/_cli/main.py); JAX's C++ reads it as JAX loads.
 TRAIN_LOG_LEVEL = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 
-_servers: dict[tuple[tuple[str, str], ...], subprocess.Popen] = {}
+_servers: dict[tuple[tuple[str, str], ...], _Server] = {}
 _lock = threading.Lock()
+#: Linux's prctl option that makes a process adopt its descendants' orphans.
+_PR_SET_CHILD_SUBREAPER = 36
 
 
-def run_jaxmon(args: list[str], *, cwd: str | os.PathLike, env: dict[str, str],
+def popen(command: list, **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen(command, **kwargs)`. Where `command` is `[sys.executable, "-m",
+    "jaxmon", COMMAND, ...]` (COMMAND one of `COMMANDS`) or `[sys.executable, SCRIPT.py,
+    ...]` and `kwargs` name only `WARM_ARGUMENTS`, the child is forked from the warm process
+    for its environment and adopted by this process: its child as a fresh one is (`wait`,
+    `poll`, `send_signal`, `communicate` as for any)."""
+    command = [os.fspath(arg) if isinstance(arg, os.PathLike) else arg for arg in command]
+    if _warm(command, kwargs):
+        return _WarmPopen(command, **kwargs)
+    return subprocess.Popen(command, **kwargs)
+
+
+def run(command: list, *, input: str | bytes | None = None, capture_output: bool = False,
+        timeout: float | None = None, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, ...)`, its child from `popen`."""
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with popen(command, **kwargs) as process:
+        try:
+            out, err = process.communicate(input, timeout=timeout)
+        except BaseException:  # as subprocess.run: killed, waited for, raised (with its output if timed out)
+            process.kill()
+            process.wait()
+            raise
+    if check and process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, process.args, out, err)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def run_jaxmon(args: list, *, cwd: str | os.PathLike, env: dict[str, str],
                timeout: float) -> subprocess.CompletedProcess:
-    """What `subprocess.run([sys.executable, "-m", "jaxmon", *args], capture_output=True,
-    text=True, cwd=cwd, env=env, timeout=timeout)` returns (or raises), stdin /dev/null:
-    from a child of the warm process for `env` where the command is one of `COMMANDS`."""
-    command = [sys.executable, "-m", "jaxmon", *map(str, args)]
-    argv = command[3:]
-    warm = (bool(argv) and argv[0] in COMMANDS and not any(arg.startswith("--processes") for arg in argv)
-            and os.environ.get("JAXMON_TESTS_FRESH_PROCESSES") != "1")
-    if warm and _lock.acquire(blocking=False):  # one run at a time; another thread's starts afresh
+    """`run([sys.executable, "-m", "jaxmon", *args], capture_output=True, text=True, ...)`,
+    stdin /dev/null."""
+    return run([sys.executable, "-m", "jaxmon", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+               stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+
+
+def _warm(command: list, kwargs: dict) -> bool:
+    """Whether `popen` forks `command` from a warm process."""
+    if (command[:1] != [sys.executable] or not set(kwargs) <= WARM_ARGUMENTS
+            or os.environ.get("JAXMON_TESTS_FRESH_PROCESSES") == "1" or not _CAN_ADOPT):
+        return False
+    args = command[1:]
+    if args[:2] == ["-m", "jaxmon"]:
+        return len(args) > 2 and args[2] in COMMANDS and not any(arg.startswith("--processes") for arg in args)
+    return bool(args) and args[0].endswith(".py")
+
+
+class _WarmPopen(subprocess.Popen):
+    """A `subprocess.Popen` whose child a warm process forks, with the streams Popen made."""
+
+    def __init__(self, command: list, *, start_new_session: bool = False, **kwargs):
+        self._new_session = start_new_session
+        super().__init__(command, **kwargs)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                       creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):
         try:
-            imports_env = {**env}
-            if argv[0] == "train" and "--debug" not in argv:
-                imports_env = {**TRAIN_LOG_LEVEL, **env}
-            with tempfile.TemporaryDirectory(prefix="jaxmon-warm-") as outputs:
-                out, err = os.path.join(outputs, "stdout"), os.path.join(outputs, "stderr")
-                request = {"argv": argv, "cwd": os.fspath(cwd), "env": env, "out": out, "err": err}
-                status = _run_in_child(imports_env, request, timeout)
-                if status is None:
-                    raise subprocess.TimeoutExpired(command, timeout, _read(out) or None, _read(err) or None)
-                return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), _text(_read(out)),
-                                                   _text(_read(err)))
+            streams = [own if fd == -1 else fd for own, fd in enumerate((p2cread, c2pwrite, errwrite))]
+            request = {"args": args[1:], "cwd": os.fspath(cwd if cwd is not None else os.getcwd()),
+                       "env": dict(os.environ if env is None else env), "new_session": self._new_session}
+            self.pid = _fork(request, streams)
+            self._child_created = True
         finally:
-            _lock.release()
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
 
-def _run_in_child(imports_env: dict[str, str], request: dict, timeout: float) -> int | None:
-    """The wait status of the child that runs `request`, forked from the warm process
-    whose imports saw `imports_env`; None if it ran past `timeout` seconds (killed).
-    Anything else that ends the wait (Ctrl-C) kills the child and ends its warm process,
-    whose answers would no longer follow the requests."""
-    key = tuple(sorted((name, value) for name, value in imports_env.items() if name not in READ_LATER))
-    server = _server(key, imports_env)
-    pid = None
-    try:
-        server.stdin.write(json.dumps(request).encode() + b"\n")
-        pid = _answer(server, None)["pid"]
+def _fork(request: dict, streams: list[int]) -> int:
+    """The pid of the child, now this process's, that the warm process for `request`'s
+    environment forked to run it on `streams` (its stdin, stdout and stderr)."""
+    args, env = request["args"], request["env"]
+    train = args[:3] == ["-m", "jaxmon", "train"] and "--debug" not in args
+    imports_env = {**TRAIN_LOG_LEVEL, **env} if train else env
+    key = tuple(sorted((name, value) for name, value in imports_env.items()
+                       if name.startswith(READ_AT_IMPORT) and name not in READ_LATER))
+    with _lock:
+        server = _server(key, imports_env)
+        _adopt_orphans(True)  # the child is orphaned as it starts; this process adopts it
         try:
-            return _answer(server, timeout)["status"]
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):  # it may just have ended
-                os.kill(pid, signal.SIGKILL)
-            status = _answer(server, None)["status"]
-            return None if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL else status
-    except BaseException:
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _end(_servers.pop(key, server))
-        raise
+            socket.send_fds(server.channel, [json.dumps(request).encode()], streams)
+            return _answer(server, 60)["pid"]
+        except BaseException:
+            _end(_servers.pop(key, server))
+            raise
+        finally:
+            _adopt_orphans(False)
 
 
-def _server(key: tuple, imports_env: dict[str, str]) -> subprocess.Popen:
+def _adopt_orphans(adopt: bool) -> bool:
+    """Whether this process now adopts its descendants' orphans (or no longer does), as
+    Linux's child subreaper; False where it cannot."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(adopt), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_CAN_ADOPT = sys.platform.startswith("linux") and _adopt_orphans(False)
+
+
+class _Server(typing.NamedTuple):
+    process: subprocess.Popen
+    channel: socket.socket  # requests with their streams, answers
+
+
+def _server(key: tuple, imports_env: dict[str, str]) -> _Server:
     """The warm process for `key`, started with `imports_env` (and its imports done) if
     there is none; the one used least recently ended if `KEEP` would be passed."""
     server = _servers.pop(key, None)
-    if server is not None and server.poll() is None:
+    if server is not None and server.process.poll() is None:
         _servers[key] = server  # the most recently used last
         return server
     while len(_servers) >= KEEP:
         _end(_servers.pop(next(iter(_servers))))
-    # Answers unbuffered (read a byte at a time): `select` then sees every line not yet read.
-    server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                              env=imports_env, cwd=pathlib.Path(__file__).parent.parent)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        process = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                   stdin=subprocess.DEVNULL, stdout=2, env=imports_env,
+                                   cwd=pathlib.Path(__file__).parent.parent)
+    server = _Server(process, ours)
     try:
         _answer(server, 300)  # imported
     except BaseException:
@@ -133,43 +206,34 @@ def _server(key: tuple, imports_env: dict[str, str]) -> subprocess.Popen:
     return server
 
 
-def _end(server: subprocess.Popen) -> None:
+def _end(server: _Server) -> None:
     """Ends a warm process: end-of-file on its requests; killed if it does not end at once."""
-    with contextlib.suppress(OSError):
-        server.stdin.close()
+    server.channel.close()
     try:
-        server.wait(timeout=5)
+        server.process.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+        server.process.kill()
+        server.process.wait()
 
 
-def _answer(server: subprocess.Popen, timeout: float | None) -> dict:
-    """The warm process's next line; `TimeoutExpired` if none within `timeout` seconds."""
-    if timeout is not None and not select.select([server.stdout], [], [], timeout)[0]:
-        raise subprocess.TimeoutExpired(server.args, timeout)
-    line = server.stdout.readline()
-    if not line:
-        raise RuntimeError(f"The warm process of tests/warm_processes.py ended (exit {server.wait()}): see "
-                           "its stderr above; JAXMON_TESTS_FRESH_PROCESSES=1 starts every run afresh.")
-    return json.loads(line)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
-
-
-def _text(data: bytes) -> str:
-    """A captured stream as `subprocess.run(..., text=True)` returns it."""
-    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+def _answer(server: _Server, timeout: float) -> dict:
+    """The warm process's next answer; `TimeoutExpired` if none within `timeout` seconds."""
+    server.channel.settimeout(timeout)
+    try:
+        answer = server.channel.recv(1 << 16)
+    except TimeoutError:
+        raise subprocess.TimeoutExpired(server.process.args, timeout) from None
+    if not answer:
+        raise RuntimeError(f"The warm process of tests/warm_processes.py ended (exit {server.process.wait()}): "
+                           "see its stderr above; JAXMON_TESTS_FRESH_PROCESSES=1 starts every run afresh.")
+    return json.loads(answer)
 
 
 # -- the warm process ------------------------------------------------------------------------------
 
-def _serve() -> None:
-    """Imports `PRELOAD`, then forks a child for each request on stdin and answers its pid
-    and its wait status on stdout, until stdin ends."""
+def _serve(channel: socket.socket) -> None:
+    """Imports `PRELOAD`, then for each request on `channel` forks the child that runs it
+    and answers its pid, until `channel` ends."""
     import importlib
 
     before = dict(os.environ)
@@ -178,50 +242,62 @@ def _serve() -> None:
     # What the imports set in the environment (JAX's default log level, say), as their setdefaults
     # would have in a fresh process: each child sets them the same way after taking the request's.
     added = {name: value for name, value in os.environ.items() if name not in before}
-    sys.stdout.flush()
-    answers = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # what anything else prints goes to stderr, not among the answers
-    print(json.dumps({"ready": True}), file=answers, flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
+    channel.send(json.dumps({"ready": True}).encode())
+    while True:
+        message, streams, _, _ = socket.recv_fds(channel, 1 << 20, 3)
+        if not message:
+            return
+        request = json.loads(message)
         request["env"] = {**added, **request["env"]}
-        pid = os.fork()
-        if pid == 0:
-            _child(request)  # never returns
-        print(json.dumps({"pid": pid}), file=answers, flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": status}), file=answers, flush=True)
+        channel.send(json.dumps({"pid": _fork_orphan(request, streams)}).encode())
+        for fd in streams:
+            os.close(fd)
 
 
-def _child(request: dict) -> None:
-    """Becomes `python -m jaxmon ARGV` in `cwd` with `env`, stdout and stderr to files."""
+def _fork_orphan(request: dict, streams: list[int]) -> int:
+    """The pid of a child that runs `request`, forked by a child of this process that then
+    ends: orphaned, it is adopted by the requester (its nearest ancestor that adopts)."""
+    read, write = os.pipe()
+    parent = os.fork()
+    if parent == 0:
+        try:
+            forker = os.getpid()
+            child = os.fork()
+            if child == 0:
+                _child(request, streams, forker)  # never returns
+            os.write(write, str(child).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 32)
+    os.close(read)
+    os.waitpid(parent, 0)
+    return int(child)
+
+
+def _child(request: dict, streams: list[int], forker: int) -> None:
+    """Becomes `python ARGS` (`-m jaxmon ...` or `SCRIPT.py ...`) in `cwd` with `env` on
+    `streams`, once adopted (its parent, `forker`, ends at once)."""
     code = 1
     try:
+        while os.getppid() == forker:  # a millisecond
+            time.sleep(0.001)
+        for fd, stream in enumerate(streams):
+            os.dup2(stream, fd)
+        os.closerange(3, 1 << 16)  # as subprocess's close_fds: the requests, the streams as received
+        if request["new_session"]:
+            os.setsid()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY | os.O_CREAT),
-                                (2, request["err"], os.O_WRONLY | os.O_CREAT)):
-            opened = os.open(path, flags, 0o600)
-            os.dup2(opened, fd)
-            os.close(opened)
-        os.closerange(3, 1 << 16)  # as subprocess's close_fds: the request pipe and the answer file
+        if "tempfile" in sys.modules:  # its directory found again, from this environment's TMPDIR
+            sys.modules["tempfile"].tempdir = None
         _fresh_std_streams()
-        import runpy
-        import types
-
         import numpy as np
 
         np.random.seed()  # from the OS's entropy, as NumPy's import seeds it in a fresh process
-
-        # As `python -m jaxmon ARGV` starts: argv[0] is "-m" while the module is found
-        # (jaxmon's signal layer reads it, and sys.orig_argv, as it loads), the working
-        # directory first on the path, and a fresh __main__ to run the module in.
-        sys.argv, sys.orig_argv = ["-m", *request["argv"]], [sys.executable, "-m", "jaxmon", *request["argv"]]
-        sys.path[0] = os.getcwd()
-        sys.modules["__main__"] = types.ModuleType("__main__")
         try:
-            runpy._run_module_as_main("jaxmon")  # what the interpreter calls for -m
+            _run_main(request["args"])
             code = 0
         except SystemExit as ended:  # as the interpreter ends on `sys.exit(code)`
             code = _exit_code(ended.code)
@@ -234,6 +310,42 @@ def _child(request: dict) -> None:
         _python_exit()
     finally:
         os._exit(code)
+
+
+def _run_main(args: list[str]) -> None:
+    """Runs what `python ARGS` runs as its main module, as the interpreter starts it: a
+    fresh __main__, `sys.argv` and `sys.orig_argv`, and first on the path the working
+    directory (-m) or the script's own."""
+    import runpy
+    import types
+
+    main = sys.modules["__main__"] = types.ModuleType("__main__")
+    sys.orig_argv = [sys.executable, *args]
+    if args[0] == "-m":
+        sys.argv, sys.path = ["-m", *args[2:]], _path(os.getcwd())  # argv[0] is "-m" while the module is found
+        runpy._run_module_as_main(args[1])  # what the interpreter calls for -m
+        return
+    script = args[0]
+    sys.argv, sys.path = list(args), _path(os.path.dirname(os.path.realpath(script)))
+    main.__file__, main.__cached__ = script, None
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+    exec(code, main.__dict__)
+
+
+def _path(first: str) -> list[str]:
+    """`sys.path` as the interpreter starts it in this environment: `first`, PYTHONPATH's
+    directories, then the rest of the warm process's path (the standard library, the
+    site-packages)."""
+    return [first, *_python_path(os.environ), *_INSTALLED]
+
+
+def _python_path(env: typing.Mapping[str, str]) -> list[str]:
+    return [os.path.abspath(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+#: The warm process's path after its first entry and its PYTHONPATH's.
+_INSTALLED = [entry for entry in sys.path[1:] if entry not in _python_path(os.environ)]
 
 
 def _fresh_std_streams() -> None:
@@ -279,4 +391,4 @@ def _python_exit() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(socket.socket(fileno=int(sys.argv[1])))
