@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from warm_processes import run_jaxmon
+from warm_processes import popen, run_jaxmon
 
 import jaxmon as jm
 from jaxmon._ops import report_thread
@@ -473,7 +473,7 @@ def signal_between_saves(config, workdir, signum, root):
     args = [sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir", str(workdir),
             "--config.steps=100000", "--config.session.save_checkpoint_steps=None",
             "--config.session.save_checkpoint_secs=600", "--config.hooks.1.every_n_steps=100000"]
-    process = subprocess.Popen(args, cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = popen(args, cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: training has started
@@ -637,7 +637,7 @@ def kill_once_checkpointed(command, workdir, step, pick=None, env=None, stderr=N
     checkpoint `step` is complete, and returns (exit code, seconds from the kill to its
     end, the pids of its children when killed); its stderr goes to the file `stderr`."""
     with open(stderr or os.devnull, "w") as err:
-        process = subprocess.Popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
+        process = popen(command, cwd=ROOT, env=env or cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 400
         while (jm.latest_checkpoint_step(workdir) or 0) < step:

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import warm_processes
 from helpers import DEFAULT, ROOT, cpu_env, run_jaxmon, tiny_config
 
 from jaxmon._cli.resume_check import HELD
@@ -116,8 +117,9 @@ def test_the_check_s_own_directory_is_removed_after_a_check_that_passes_and_afte
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1].startswith("No difference:")
     assert list(temporary.iterdir()) == []
-    check = subprocess.Popen([sys.executable, "-m", "jaxmon", "check", "--resume", "--config", str(config), "--steps",
-                              "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check = warm_processes.popen([sys.executable, "-m", "jaxmon", "check", "--resume", "--config", str(config),
+                                  "--steps", "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
     try:
         deadline = time.monotonic() + 120
         while not any((run / "whole").exists() for run in temporary.iterdir()):  # the first run has begun

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import (
     DEFAULT,
     ROOT,
@@ -66,8 +67,8 @@ def test_a_workdir_that_cannot_be_written_exits_2(tmp_path):
 def test_a_workdir_in_use_by_another_run_exits_2_naming_that_run(tmp_path):
     workdir = tmp_path / "run"
     config = tiny_config(tmp_path, steps=1_000_000, sleep=0.5)  # a run that goes on, idle between its steps
-    first = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                              str(workdir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = warm_processes.popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                                  str(workdir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save: it holds the lock

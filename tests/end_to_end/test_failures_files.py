@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+import warm_processes
 from helpers import DEFAULT, ROOT, assert_fails, cpu_env, train
 
 from jaxmon._base.paths import LinkedFileError, open_file
@@ -214,10 +215,10 @@ def test_plot_refuses_a_link_where_it_writes_the_runs_metrics_png(tmp_path, targ
 
 
 def _grain_train(workdir, *args):
-    return subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", DEFAULT, "--workdir", str(workdir),
-                             "--config.data.loader=grain", "--config.data.worker_count=2", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env=cpu_env(), start_new_session=True)
+    return warm_processes.popen([sys.executable, "-m", "jaxmon", "train", "--config", DEFAULT, "--workdir",
+                                 str(workdir), "--config.data.loader=grain", "--config.data.worker_count=2",
+                                 *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=ROOT, env=cpu_env(), start_new_session=True)
 
 
 def _children() -> dict[int, list[int]]:

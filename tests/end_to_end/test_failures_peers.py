@@ -25,6 +25,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env, free_port, tiny_config
 
 import jaxmon as jm
@@ -128,9 +129,9 @@ def _start(config: Path, workdir: Path, env: dict[str, str] | None = None,
     port of 127.0.0.1; `env`: more variables."""
     env = {**cpu_env(devices), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2",
            **(env or {})}
-    return [subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                              str(workdir), "--quiet"], cwd=ROOT, env={**env, "JAX_PROCESS_ID": str(i)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return [warm_processes.popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                                  str(workdir), "--quiet"], cwd=ROOT, env={**env, "JAX_PROCESS_ID": str(i)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
             for i in range(2)]
 
 

@@ -17,6 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 import pytest
+import warm_processes
 from helpers import DEFAULT, ROOT, assert_fails, assert_same_checkpoint, run_jaxmon, tiny_config
 
 import jaxmon as jm
@@ -28,11 +29,11 @@ NAME = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGH
 SCRIPT = pathlib.Path(sysconfig.get_path("scripts")) / "jaxmon"  # the console script
 
 
-def start(workdir, *args, command=(sys.executable, "-m", "jaxmon")):
-    """`jaxmon train` of the default config in `workdir`, running."""
-    return subprocess.Popen([*command, "train", "--config", DEFAULT, "--workdir", str(workdir), *args], cwd=ROOT,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def start(workdir, *args, command=(sys.executable, "-m", "jaxmon"), launch=subprocess.Popen):
+    """`jaxmon train` of the default config in `workdir`, running: a fresh process, or one
+    from `warm_processes.popen` for a test whose subject is not the process's start."""
+    return launch([*command, "train", "--config", DEFAULT, "--workdir", str(workdir), *args], cwd=ROOT, text=True,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def caught(pid, signum):
@@ -126,7 +127,7 @@ def test_a_signal_while_the_config_file_runs_ends_the_command_at_once(tmp_path, 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_the_first_compilation_saves_the_step_it_stops_on(tmp_path, signum):
     workdir = tmp_path / "run"
-    process = start(workdir, "--config.steps=100000", "--no_compilation_cache")
+    process = start(workdir, "--config.steps=100000", "--no_compilation_cache", launch=warm_processes.popen)
     deadline = time.monotonic() + 180
     while jm.latest_checkpoint_step(workdir) is None:  # the step-0 save ends while the step compiles
         assert time.monotonic() < deadline and process.poll() is None
@@ -149,8 +150,9 @@ def test_sighup_mid_run_saves_says_so_in_one_line_exits_129_and_the_rerun_resume
                        timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     workdir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
-                                str(workdir)], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = warm_processes.popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config), "--workdir",
+                                    str(workdir)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while (jm.latest_checkpoint_step(workdir) or 0) < 20:  # mid-run: the first periodic checkpoint is complete
         assert time.monotonic() < deadline and process.poll() is None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env, tiny_config
 
 import jaxmon as jm
@@ -55,9 +56,9 @@ def started(config, workdir, variables: list[dict]) -> list[subprocess.Completed
         for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
             if name not in added:
                 env.pop(name, None)
-        tasks.append(subprocess.Popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config),
-                                       "--workdir", str(workdir)], cwd=ROOT, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        tasks.append(warm_processes.popen([sys.executable, "-m", "jaxmon", "train", "--config", str(config),
+                                           "--workdir", str(workdir)], cwd=ROOT, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     done = []
     try:
         for task in tasks:
