@@ -12,6 +12,7 @@ import sys
 
 import jax.numpy as jnp
 import pytest
+import warm_processes
 from helpers import load_benchmark
 
 import jaxmon as jm
@@ -23,8 +24,8 @@ LOCAL = ["bare_jit", "bare_scan32", "session_no_hooks", "mts_default", "mts_defa
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
-                            env=env, input=stdin)
+    result = warm_processes.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                                env=env, input=stdin)
     assert result.returncode == 0, f"{args} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
 

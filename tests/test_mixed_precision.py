@@ -3,13 +3,13 @@
 import importlib.util
 import pathlib
 import re
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env
 
 import jaxmon as jm
@@ -39,9 +39,9 @@ def runs(tmp_path_factory):
     results = {}
     for dtype in ("float32", "bfloat16"):
         workdir = tmp_path_factory.mktemp(dtype)
-        done = subprocess.run([sys.executable, str(ROOT / "examples" / "mixed_precision.py"), "--dtype", dtype,
-                               "--workdir", str(workdir)], cwd=ROOT, env={**cpu_env(), "XLA_FLAGS": ""},
-                              capture_output=True, text=True, timeout=600)
+        done = warm_processes.run([sys.executable, str(ROOT / "examples" / "mixed_precision.py"), "--dtype", dtype,
+                                   "--workdir", str(workdir)], cwd=ROOT, env={**cpu_env(), "XLA_FLAGS": ""},
+                                  capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         results[dtype] = workdir, done.stdout.strip().splitlines()[-1]
     return results

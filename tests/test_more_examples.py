@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env
 
 import jaxmon as jm
@@ -19,8 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True,
-                            text=True, timeout=240, cwd=ROOT, env=env)
+    result = warm_processes.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True,
+                                text=True, timeout=240, cwd=ROOT, env=env)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
 
@@ -134,9 +135,9 @@ def test_char_lm_learns_below_the_unigram_entropy_and_writes_text(tmp_path):
 @pytest.mark.processes
 @pytest.mark.slow
 def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--launch", "2",
-                             "--steps", "120", "--workdir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=240, cwd=ROOT)
+    result = warm_processes.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--launch", "2",
+                                 "--steps", "120", "--workdir", str(tmp_path)],
+                                capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     finals = sorted(re.findall(r"process (\d)/2, 2 devices: step (\d+), test accuracy ([\d.]+)", result.stdout))
     assert [f[0] for f in finals] == ["0", "1"] and {f[1] for f in finals} == {"120"}
@@ -147,9 +148,9 @@ def test_data_parallel_example_trains_as_two_processes_that_agree(tmp_path):
 
 
 def test_data_parallel_example_on_eight_simulated_devices(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--steps", "60",
-                             "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                            env=cpu_env(devices=8))
+    result = warm_processes.run([sys.executable, str(ROOT / "examples" / "data_parallel.py"), "--steps", "60",
+                                 "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                                env=cpu_env(devices=8))
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"process 0/1, 8 devices: step 60, test accuracy 0\.[89]", result.stdout), result.stdout
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import count_step, cpu_env, zero
 
 import jaxmon as jm
@@ -82,8 +83,8 @@ def test_a_directory_held_by_another_process_is_refused(tmp_path):
     directory = tmp_path / "ckpt"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    child = subprocess.Popen([sys.executable, str(script), str(directory)], env=cpu_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    child = warm_processes.popen([sys.executable, str(script), str(directory)], env=cpu_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 60
         line = ""

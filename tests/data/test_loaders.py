@@ -10,6 +10,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env, run_jaxmon
 
 import jaxmon as jm
@@ -144,9 +145,11 @@ def test_the_grain_example_trains_and_resumes(tmp_path):
     pytest.importorskip("grain")
     example = [sys.executable, str(ROOT / "examples" / "grain_pipeline.py"), "--workdir", str(tmp_path),
                "--batch_size", "16"]  # grain's workers take ~0.2 ms of CPU a row
-    first = subprocess.run([*example, "--steps", "150"], capture_output=True, text=True, timeout=300, env=cpu_env())
+    first = warm_processes.run([*example, "--steps", "150"], capture_output=True, text=True, timeout=300,
+                               env=cpu_env())
     assert first.returncode == 0, first.stderr[-3000:]
-    second = subprocess.run([*example, "--steps", "300"], capture_output=True, text=True, timeout=300, env=cpu_env())
+    second = warm_processes.run([*example, "--steps", "300"], capture_output=True, text=True, timeout=300,
+                                env=cpu_env())
     assert second.returncode == 0, second.stderr[-3000:]
     line = second.stdout.strip().splitlines()[-1]
     assert line.startswith("step 300 (resumed from 150): test accuracy") and line.endswith("2 grain workers")

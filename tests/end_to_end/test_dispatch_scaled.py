@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import warm_processes
 from helpers import cpu_env, free_port, with_helpers_path
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
@@ -297,8 +298,8 @@ def assert_same_state(a, b):
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("dispatch_mesh")
-    process = subprocess.run([sys.executable, __file__, "mesh", str(root)], env=with_helpers_path(cpu_env(devices=8)),
-                             capture_output=True, text=True, timeout=400)
+    process = warm_processes.run([sys.executable, __file__, "mesh", str(root)], capture_output=True, text=True,
+                                 env=with_helpers_path(cpu_env(devices=8)), timeout=400)
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-5000:]
     results = json.loads((root / "results.json").read_text())
     return root, results
@@ -379,9 +380,9 @@ def test_summaries_logs_and_checkpoints_of_a_mesh_land_on_the_steps_of_one_step_
 def two_processes(tmp_path_factory):
     root = tmp_path_factory.mktemp("dispatch_processes")
     address = f"127.0.0.1:{free_port()}"
-    processes = [subprocess.Popen([sys.executable, __file__, "worker", str(pid), address, str(root)],
-                                  env=with_helpers_path(cpu_env(devices=4)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    processes = [warm_processes.popen([sys.executable, __file__, "worker", str(pid), address, str(root)],
+                                      env=with_helpers_path(cpu_env(devices=4)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for pid in range(2)]
     try:
         deadline, outputs = time.monotonic() + 400, []

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+import warm_processes
 from helpers import ROOT
 
 import jaxmon as jm
@@ -88,8 +89,9 @@ def runner(tmp_path):
     script.write_text(SCRIPT)
 
     def run(crash_at, *mode):
-        return subprocess.run([sys.executable, str(script), str(workdir), str(crash_at), *mode], cwd=ROOT, text=True,
-                              capture_output=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return warm_processes.run([sys.executable, str(script), str(workdir), str(crash_at), *mode], cwd=ROOT,
+                                  text=True, capture_output=True, timeout=240,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return run, workdir
 
 

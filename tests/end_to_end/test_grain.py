@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env
 
 from jaxmon._checkpoints import manager as _checkpoint
@@ -30,9 +31,9 @@ LAST_STEP = 30
 
 
 def _train(loader: str, directory: Path, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), loader, str(directory), str(LAST_STEP), str(out), *extra],
-                            env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return warm_processes.popen([sys.executable, str(WORKER), loader, str(directory), str(LAST_STEP), str(out), *extra],
+                                env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
 
 
 def _finish(process: subprocess.Popen) -> str:

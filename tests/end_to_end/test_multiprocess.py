@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env, free_port, window_means, with_helpers_path
 
 import jaxmon as jm
@@ -316,10 +317,10 @@ class Workers:
         self.times: list[list[float]] = [[], []]  # when each line was read
         self.eof_time: list[float | None] = [None, None]  # when the output ended (the process exited)
         self.processes = [
-            subprocess.Popen([sys.executable, str(script), str(i), address, str(self.workdir), ",".join(scenarios),
-                              *extra_args],
-                             env=with_helpers_path(cpu_env()), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+            warm_processes.popen([sys.executable, str(script), str(i), address, str(self.workdir), ",".join(scenarios),
+                                  *extra_args],
+                                 env=with_helpers_path(cpu_env()), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
             for i in range(2)]
         self.readers = [threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(2)]
         for reader in self.readers:

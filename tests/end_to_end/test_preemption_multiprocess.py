@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env, free_port
 
 import jaxmon as jm
@@ -48,8 +49,8 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     address, directory = f"127.0.0.1:{free_port()}", str(tmp_path / "ckpt")
-    workers = [subprocess.Popen([sys.executable, str(script), str(i), address, directory], env=cpu_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
+    workers = [warm_processes.popen([sys.executable, str(script), str(i), address, directory], env=cpu_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
     try:
         deadline = time.monotonic() + 120
         line = ""

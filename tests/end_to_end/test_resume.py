@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import ROOT, RecordingHook, count_step, cpu_env, zero
 
 import jaxmon as jm
@@ -43,7 +44,7 @@ class Trainer:
     def __init__(self, checkpoint_dir, last_step, save_steps, out, delay=0.0):
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.printed: list[str] = []
-        self.proc = subprocess.Popen(
+        self.proc = warm_processes.popen(
             [sys.executable, TRAINER, str(checkpoint_dir), str(last_step), str(save_steps), str(out), str(delay)],
             cwd=ROOT, env=CHILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._stderr: list[str] = []
@@ -303,8 +304,8 @@ BIG_SAVER = textwrap.dedent("""
 def test_a_save_killed_midway_leaves_a_temporary_directory_that_the_next_start_removes(tmp_path, caplog):
     script, directory = tmp_path / "saver.py", tmp_path / "run"
     script.write_text(BIG_SAVER)
-    process = subprocess.Popen([sys.executable, str(script), str(directory)], env=CHILD_ENV,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = warm_processes.popen([sys.executable, str(script), str(directory)], env=CHILD_ENV,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while not [p for p in directory.glob("*.orbax-checkpoint-tmp*") if p.is_dir() and any(p.rglob("*"))]:

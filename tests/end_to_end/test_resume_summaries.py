@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import warm_processes
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -50,7 +51,8 @@ def test_kill_after_checkpoint_10_and_resume_to_20_writes_each_step_once(tmp_pat
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     directory = tmp_path / "run"
-    killed = subprocess.Popen([sys.executable, str(script), str(directory), "1000"], stdout=subprocess.PIPE, text=True)
+    killed = warm_processes.popen([sys.executable, str(script), str(directory), "1000"], stdout=subprocess.PIPE,
+                                  text=True)
     try:
         deadline = time.monotonic() + 120
         for line in killed.stdout:
@@ -66,8 +68,8 @@ def test_kill_after_checkpoint_10_and_resume_to_20_writes_each_step_once(tmp_pat
     assert steps[:14] == list(range(1, 15)) if len(steps) >= 14 else steps == list(range(1, len(steps) + 1))
     assert max(steps) > 10  # the killed run wrote past its last checkpoint
 
-    resumed = subprocess.run([sys.executable, str(script), str(directory), "20"], capture_output=True, text=True,
-                             timeout=120)
+    resumed = warm_processes.run([sys.executable, str(script), str(directory), "20"], capture_output=True, text=True,
+                                 timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.split()[1::2][0] == "11"  # it went on from checkpoint 10
 

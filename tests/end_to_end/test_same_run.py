@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+import warm_processes
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import jaxmon as jm
@@ -56,16 +57,16 @@ LAST_STEP = 40
 
 
 def train(script, directory, slow_after=10**6, last_step=LAST_STEP):
-    result = subprocess.run([sys.executable, str(script), str(directory), str(last_step), str(slow_after)],
-                            capture_output=True, text=True, timeout=240)
+    result = warm_processes.run([sys.executable, str(script), str(directory), str(last_step), str(slow_after)],
+                                capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
 def kill_after_checkpoint(script, directory, checkpoint, step):
     """Starts a run to LAST_STEP and SIGKILLs it at `step`, once `checkpoint` is complete."""
-    process = subprocess.Popen([sys.executable, str(script), str(directory), str(LAST_STEP), str(checkpoint)],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = warm_processes.popen([sys.executable, str(script), str(directory), str(LAST_STEP), str(checkpoint)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 180
         for line in process.stdout:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env, window_means, with_helpers_path
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -357,8 +357,8 @@ def single(tmp_path_factory):
 def child(single):
     root = single["root"]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(root)], cwd=ROOT, env=CHILD_ENV,
-                          capture_output=True, text=True, timeout=300)
+    proc = warm_processes.run([sys.executable, os.path.abspath(__file__), str(root)], cwd=ROOT, env=CHILD_ENV,
+                              capture_output=True, text=True, timeout=300)
     results = {}
     if (root / "results.json").exists():
         with open(root / "results.json") as f:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import traceback
 
 import pytest
+import warm_processes
 from helpers import cpu_env, with_helpers_path
 
 STEPS = 4
@@ -123,8 +123,8 @@ def child_main(root):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("sharded_init"))
-    done = subprocess.run([sys.executable, __file__, root], env=with_helpers_path(cpu_env(devices=8)),
-                          capture_output=True, text=True, timeout=300)
+    done = warm_processes.run([sys.executable, __file__, root], env=with_helpers_path(cpu_env(devices=8)),
+                              capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(os.path.join(root, "results.json")) as f:
         return json.load(f)

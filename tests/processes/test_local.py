@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env, tiny_config, with_helpers_path
 
 import jaxmon as jm
@@ -526,8 +527,8 @@ def test_a_process_whose_peers_never_come_ends_after_its_timeout_with_a_connecti
         except ConnectionError as error:
             print(f"after {time.monotonic() - start:.1f} s: {error}")
         """))
-    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=with_helpers_path(cpu_env()),
-                          capture_output=True, text=True, timeout=120)
+    done = warm_processes.run([sys.executable, str(script)], cwd=ROOT, env=with_helpers_path(cpu_env()),
+                              capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     seconds, message = done.stdout.split(" s: ", 1)
     assert 5 <= float(seconds.removeprefix("after ")) < 15, done.stdout

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm_processes
 from helpers import ROOT, cpu_env
 
 WORKER = Path(__file__).with_name("count_worker.py")
@@ -31,7 +31,7 @@ def _train(loader: str, directory: Path, processes: int, last_step: int, out: Pa
     if processes > 1:
         command = [sys.executable, "-m", "jaxmon", "launch", "-n", str(processes), "--log_dir", str(directory),
                    "--", *command]
-    done = subprocess.run(command, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+    done = warm_processes.run(command, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
     logs = "".join(path.read_text() for path in directory.glob("process-*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + logs[-3000:]
     return done.stdout + done.stderr + logs
@@ -97,7 +97,7 @@ def test_data_with_a_position_per_process_warns_once_naming_it_on_another_number
         command = [sys.executable, str(script), str(tmp_path / "run"), str(last_step)]
         if processes > 1:
             command = [sys.executable, "-m", "jaxmon", "launch", "-n", "2", "--log_dir", str(tmp_path), "--", *command]
-        done = subprocess.run(command, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+        done = warm_processes.run(command, cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     warnings = [line for line in done.stderr.splitlines() if "has no global position" in line]
     assert len(warnings) == 1 and "its data (a ResumableIterator)" in warnings[0], done.stderr[-3000:]

@@ -5,13 +5,13 @@ thread's stack and one line saying the last step and what the loop was doing, ex
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
 
 import jax.numpy as jnp
 import pytest
+import warm_processes
 from helpers import DEFAULT, ROOT
 
 import jaxmon as jm
@@ -52,8 +52,8 @@ DATA_SCRIPT = textwrap.dedent("""
 
 
 def _run(args, timeout=180):
-    return subprocess.run(args, cwd=ROOT, text=True, capture_output=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return warm_processes.run(args, cwd=ROOT, text=True, capture_output=True, timeout=timeout,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def _blocked_for(marker, ended):

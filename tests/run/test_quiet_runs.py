@@ -14,13 +14,13 @@ process running this file as a script).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warm_processes
 from helpers import cpu_env, with_helpers_path
 
 import jaxmon as jm
@@ -138,8 +138,8 @@ def mesh_quiet_runs(root):
 
 @pytest.mark.slow
 def test_quiet_runs_on_8_simulated_devices_copy_nothing_implicitly(tmp_path):
-    process = subprocess.run([sys.executable, __file__, str(tmp_path)], env=with_helpers_path(cpu_env(devices=8)),
-                             capture_output=True, text=True, timeout=300)
+    process = warm_processes.run([sys.executable, __file__, str(tmp_path)], env=with_helpers_path(cpu_env(devices=8)),
+                                 capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-4000:]
     results = json.loads(process.stdout.strip().splitlines()[-1])
     assert results == {"k1-auto": QUIET_RUNS, "k8-auto": QUIET_RUNS * 8, "k8-1": QUIET_RUNS * 8}
