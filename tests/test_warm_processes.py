@@ -1,5 +1,6 @@
-"""The tests' warm `jaxmon` processes (`tests/warm_processes.py`): a child forked from one
-sees and does what a fresh `python -m jaxmon` would."""
+"""The tests' warm processes (`tests/warm_processes.py`): a child forked from one sees
+and does what a fresh `python -m jaxmon` or `python SCRIPT.py` would, as the test's own
+child."""
 
 import json
 import os
@@ -97,7 +98,9 @@ SCRIPT_PROBE = textwrap.dedent("""
     import json, os, sys
     import jax
     import tempfile
+    x: int = 1
     print(json.dumps({"argv": sys.argv, "path": sys.path, "file": __file__, "name": __name__,
+                      "annotation": repr(__annotations__["x"]),
                       "temp": tempfile.gettempdir(),
                       "parent": os.getppid(), "leader": os.getsid(0) == os.getpid(), "cwd": os.getcwd(),
                       "marker": os.environ.get("MARKER"), "devices": len(jax.devices())}), flush=True)
@@ -126,6 +129,7 @@ def test_a_script_from_popen_is_this_process_s_child_and_sees_what_a_fresh_one_s
     assert seen["warm"][1]["argv"] == [str(script), "3"] and seen["warm"][1]["devices"] == 2
     assert seen["warm"][1]["path"][:3] == [str(tmp_path), str(tmp_path / "lib"), str(tmp_path / "more")]
     assert seen["warm"][1]["temp"] == str(tmp_path / "temp")
+    assert seen["warm"][1]["annotation"] == "<class 'int'>"  # not this module's postponed annotations
 
 
 def test_a_child_from_popen_takes_signals_and_its_exit_is_this_process_s_to_wait_for(tmp_path):

@@ -57,8 +57,9 @@ KEEP = 3
 #: the start of their names): a warm process serves the environments that agree on these.
 #: Its child gets the request's whole environment before anything else loads, and makes
 #: its path from the request's PYTHONPATH and its streams by its PYTHONUNBUFFERED.
-READ_AT_IMPORT = ("PYTHON", "JAX_", "TF_", "XLA_", "FLAX_", "ORBAX", "ABSL", "NUMPY", "OMP_", "OPENBLAS", "MKL_",
-                  "LD_", "CUDA", "TPU_", "GRPC_", "TENSORBOARD", "LANG", "LC_")
+READ_AT_IMPORT = ("PYTHON", "JAX_", "TF_", "XLA_", "FLAX_", "ORBAX", "ABSL", "NUMPY", "NPY_", "OMP_", "OPENBLAS",
+                  "MKL_", "LD_", "CUDA", "TPU_", "GRPC_", "TENSORBOARD", "TENSORSTORE", "PROTOCOL_BUFFERS", "LANG",
+                  "LC_", "TZ")
 #: Of those, read later (by XLA as a backend starts, by JAX and jaxmon as the processes of
 #: a run connect) or set in the child as it starts.
 READ_LATER = ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "PYTHONPATH",
@@ -134,8 +135,9 @@ class _WarmPopen(subprocess.Popen):
                        creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):
         try:
             streams = [own if fd == -1 else fd for own, fd in enumerate((p2cread, c2pwrite, errwrite))]
-            request = {"args": args[1:], "cwd": os.fspath(cwd if cwd is not None else os.getcwd()),
-                       "env": dict(os.environ if env is None else env), "new_session": self._new_session}
+            request = {"args": args[1:], "cwd": os.path.abspath(cwd if cwd is not None else os.getcwd()),
+                       "env": dict(os.environ if env is None else env), "new_session": self._new_session,
+                       "requester": os.getpid()}
             self.pid = _fork(request, streams)
             self._child_created = True
         finally:
@@ -156,8 +158,12 @@ def _fork(request: dict, streams: list[int]) -> int:
         try:
             socket.send_fds(server.channel, [json.dumps(request).encode()], streams)
             return _answer(server, 60)["pid"]
-        except BaseException:
+        except BaseException as error:
+            _adopt_orphans(False)
             _end(_servers.pop(key, server))
+            if isinstance(error, subprocess.TimeoutExpired):  # not the child's timeout: its warm process's
+                raise RuntimeError("The warm process of tests/warm_processes.py did not answer in 60 s; "
+                                   "JAXMON_TESTS_FRESH_PROCESSES=1 starts every run afresh.") from None
             raise
         finally:
             _adopt_orphans(False)
@@ -277,11 +283,14 @@ def _fork_orphan(request: dict, streams: list[int]) -> int:
 
 def _child(request: dict, streams: list[int], forker: int) -> None:
     """Becomes `python ARGS` (`-m jaxmon ...` or `SCRIPT.py ...`) in `cwd` with `env` on
-    `streams`, once adopted (its parent, `forker`, ends at once)."""
+    `streams`, once adopted by the requester (its parent, `forker`, ends at once)."""
     code = 1
     try:
         while os.getppid() == forker:  # a millisecond
             time.sleep(0.001)
+        if os.getppid() != request["requester"]:  # no one would wait for it: said, not run
+            os.write(streams[2], b"tests/warm_processes.py: the child was not adopted by the test's process\n")
+            return
         for fd, stream in enumerate(streams):
             os.dup2(stream, fd)
         os.closerange(3, 1 << 16)  # as subprocess's close_fds: the requests, the streams as received
@@ -302,12 +311,17 @@ def _child(request: dict, streams: list[int], forker: int) -> None:
         except SystemExit as ended:  # as the interpreter ends on `sys.exit(code)`
             code = _exit_code(ended.code)
         except KeyboardInterrupt:  # an uncaught Ctrl-C ends the process by SIGINT, as Python's own
+            sys.excepthook(*sys.exc_info())
             _python_exit()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         except BaseException:
             sys.excepthook(*sys.exc_info())
         _python_exit()
+    except BaseException:  # before the run: the working directory, the streams
+        import traceback
+
+        traceback.print_exc()
     finally:
         os._exit(code)
 
@@ -329,7 +343,7 @@ def _run_main(args: list[str]) -> None:
     sys.argv, sys.path = list(args), _path(os.path.dirname(os.path.realpath(script)))
     main.__file__, main.__cached__ = script, None
     with open(script, "rb") as source:
-        code = compile(source.read(), script, "exec")
+        code = compile(source.read(), script, "exec", dont_inherit=True)  # not this file's __future__
     exec(code, main.__dict__)
 
 
@@ -360,7 +374,7 @@ def _fresh_std_streams() -> None:
         buffered = not unbuffered or fd == 0
         streams.append(io.TextIOWrapper(binary, encoding=sys.stdout.encoding, errors="backslashreplace" if fd == 2
                                         else sys.stdout.errors, line_buffering=buffered and (fd == 2 or raw.isatty()),
-                                        write_through=not buffered))
+                                        write_through=not buffered, newline="\n"))
     sys.stdin = sys.__stdin__ = streams[0]
     sys.stdout = sys.__stdout__ = streams[1]
     sys.stderr = sys.__stderr__ = streams[2]
