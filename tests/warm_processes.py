@@ -3,20 +3,20 @@
 
 Every `jaxmon train` the suite starts, and every script that trains, would first import
 JAX, Flax, Optax, Orbax and tensorboardX: 1.2-1.9 s of CPU, the same in each of the
-suite's hundreds of processes. A warm process (one per test process and environment,
-started on first use) imports them once, before JAX starts a backend or a thread, and
-forks a child for each run, through a child of its own that ends at once: the run's
-process, orphaned, is adopted by the test process (Linux's child subreaper) and waits
-until it is, so that it is the test's child from its first line, as a fresh one is. It
-gets the run's environment, working directory, command line and the streams
-`subprocess.Popen` made for it, starts its own backend (so `XLA_FLAGS` is its own),
-handles its own signals, and ends with its own exit code; what it runs is the module or
-script, as the interpreter runs it, and jaxmon's own modules load in it. What it shares
-with its warm process: the libraries' import-time state (native logging set up with the
-level `jaxmon train` would give it, absl's logging), Python's hash seed, and the
-libraries' exit functions, registered before jaxmon's (so jaxmon's last one, which
-ignores signals at exit, runs first). NumPy's global generator is seeded afresh in each
-child.
+suite's hundreds of processes. A warm process (one per test process and values of the
+variables read at import, `READ_AT_IMPORT`, started on first use) imports them once,
+before JAX starts a backend or a thread, and forks a child for each run, through a child
+of its own that ends at once: the run's process, orphaned, is adopted by the test process
+(Linux's child subreaper) and waits until it is, so that it is the test's child from its
+first line, as a fresh one is. It gets the run's environment, working directory, command
+line and the streams `subprocess.Popen` made for it, starts its own backend (so
+`XLA_FLAGS` is its own), handles its own signals, and ends with its own exit code; what
+it runs is the module or script, as the interpreter runs it, and jaxmon's own modules
+load in it. What it shares with its warm process: the libraries' import-time state
+(native logging set up with the level `jaxmon train` would give it, absl's logging),
+Python's hash seed, and the libraries' exit functions, registered before jaxmon's (so
+jaxmon's last one, which ignores signals at exit, runs first). NumPy's global generator
+is seeded afresh in each child.
 
 The tests whose subject is the process's start (its first seconds, the time its imports
 take, a signal during start-up or exit, logging set up as the libraries load) use
