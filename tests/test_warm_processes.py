@@ -137,7 +137,11 @@ def test_a_child_from_popen_takes_signals_and_its_exit_is_this_process_s_to_wait
     script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(600)\n")
     process = warm_processes.popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                                    env=cpu_env())
-    assert process.stdout.readline() == "up\n" and process.poll() is None
-    assert open(f"/proc/{process.pid}/stat").read().split()[3] == str(os.getpid())
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == -signal.SIGTERM
+    try:
+        assert process.stdout.readline() == "up\n" and process.poll() is None
+        assert open(f"/proc/{process.pid}/stat").read().split()[3] == str(os.getpid())
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        process.kill()  # a failed assertion leaves no sleeper behind
+        process.wait()

@@ -51,7 +51,7 @@ PRELOAD = ("jax", "flax.linen", "optax", "orbax.checkpoint", "tensorboardX")
 COMMANDS = ("train", "check")
 #: The arguments of `subprocess.Popen` a warm process's child can take.
 WARM_ARGUMENTS = {"stdin", "stdout", "stderr", "cwd", "env", "text", "start_new_session"}
-#: Warm processes kept per test process (one per environment, the oldest ended first).
+#: Warm processes kept per test process (one per values of `READ_AT_IMPORT`, the oldest ended first).
 KEEP = 3
 #: The variables the interpreter and the libraries of `PRELOAD` may read as they load (by
 #: the start of their names): a warm process serves the environments that agree on these.
@@ -154,19 +154,19 @@ def _fork(request: dict, streams: list[int]) -> int:
                        if name.startswith(READ_AT_IMPORT) and name not in READ_LATER))
     with _lock:
         server = _server(key, imports_env)
-        _adopt_orphans(True)  # the child is orphaned as it starts; this process adopts it
         try:
-            socket.send_fds(server.channel, [json.dumps(request).encode()], streams)
-            return _answer(server, 60)["pid"]
+            _adopt_orphans(True)  # the child is orphaned as it starts; this process adopts it
+            try:
+                socket.send_fds(server.channel, [json.dumps(request).encode()], streams)
+                return _answer(server, 60)["pid"]
+            finally:
+                _adopt_orphans(False)
         except BaseException as error:
-            _adopt_orphans(False)
             _end(_servers.pop(key, server))
             if isinstance(error, subprocess.TimeoutExpired):  # not the child's timeout: its warm process's
                 raise RuntimeError("The warm process of tests/warm_processes.py did not answer in 60 s; "
                                    "JAXMON_TESTS_FRESH_PROCESSES=1 starts every run afresh.") from None
             raise
-        finally:
-            _adopt_orphans(False)
 
 
 def _adopt_orphans(adopt: bool) -> bool:
